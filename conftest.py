@@ -1,0 +1,58 @@
+"""Shared fixtures: API clients per role, a clean Redis db, staff login.
+
+Tests run against the real Postgres and Redis named by DATABASE_URL and
+REDIS_URL (`make test` starts throwaway ones when those are unset).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from taskforge.api.models import ApiKey
+
+os.environ.setdefault("SECRET_KEY", "test-secret-key")
+
+
+@pytest.fixture
+def make_client(db: None) -> Callable[[str | None], APIClient]:
+    """`make_client("producer")`: an APIClient holding a fresh key of that role."""
+
+    def make(role: str | None) -> APIClient:
+        client = APIClient()
+        if role is not None:
+            _, key = ApiKey.issue(name=f"test-{role}", role=role)
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def admin_client(make_client: Callable[[str | None], APIClient]) -> APIClient:
+    return make_client("admin")
+
+
+@pytest.fixture
+def producer_client(make_client: Callable[[str | None], APIClient]) -> APIClient:
+    return make_client("producer")
+
+
+@pytest.fixture
+def worker_client(make_client: Callable[[str | None], APIClient]) -> APIClient:
+    return make_client("worker")
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    """The Redis db of REDIS_URL, flushed before and after the test."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()

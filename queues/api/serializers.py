@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import re
+
+from rest_framework import serializers
+
+from queues.models import MAX_RETRIES_LIMIT, QUEUE_NAME_PATTERN, Queue
+from taskforge.api.fields import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+    TimeField,
+)
+
+# A rate far beyond any real downstream; keeps the token bucket's math small.
+MAX_RATE_LIMIT = 1_000_000
+
+
+class QueueSerializer(serializers.ModelSerializer):
+    created_at = TimeField(read_only=True)
+
+    class Meta:
+        model = Queue
+        fields = ["id", "name", "max_retries", "rate_limit", "paused", "created_at"]
+        read_only_fields = fields
+
+
+class QueuePatchSerializer(StrictSerializer):
+    max_retries = StrictIntegerField(min_value=0, max_value=MAX_RETRIES_LIMIT, required=False)
+    rate_limit = StrictIntegerField(
+        min_value=1, max_value=MAX_RATE_LIMIT, allow_null=True, required=False
+    )
+    paused = StrictBooleanField(required=False)
+
+
+class QueueCreateSerializer(QueuePatchSerializer):
+    name = StrictCharField(max_length=100)
+
+    def validate_name(self, value: str) -> str:
+        if not re.fullmatch(QUEUE_NAME_PATTERN, value):
+            raise serializers.ValidationError(
+                "Use 1 to 100 of A-Z a-z 0-9 _ . - , starting with a letter or digit."
+            )
+        return value

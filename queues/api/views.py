@@ -1,0 +1,127 @@
+"""The /queues endpoints of API.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from queues import services
+from queues.api.serializers import QueueCreateSerializer, QueuePatchSerializer, QueueSerializer
+from queues.models import Queue
+from taskforge.api.pagination import KeysetPaginator
+from taskforge.api.permissions import ADMIN, ANY_ROLE
+from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, error, errors, page_of
+
+
+class QueueLookupMixin:
+    """Resolves the `name` URL argument to a queue, or 404."""
+
+    kwargs: dict[str, Any]
+
+    def get_queue(self) -> Queue:
+        return get_object_or_404(Queue, name=self.kwargs["name"])
+
+
+class QueueListView(APIView):
+    roles = {"GET": ANY_ROLE, "POST": ADMIN}
+
+    @extend_schema(
+        operation_id="queues_list",
+        responses={200: page_of(QueueSerializer, "QueuePage"), **errors({400: error("Bad query")})},
+        tags=["queues"],
+    )
+    def get(self, request: Request) -> Response:
+        paginator = KeysetPaginator(request, ordering=["name", "id"])
+        page = paginator.paginate(Queue.objects.all())
+        return paginator.response(QueueSerializer(page, many=True).data)
+
+    @extend_schema(
+        operation_id="queues_create",
+        request=QueueCreateSerializer,
+        responses={
+            201: QueueSerializer,
+            **errors(BODY_ERRORS, {409: error("`queue_exists`")}),
+        },
+        tags=["queues"],
+    )
+    def post(self, request: Request) -> Response:
+        body = QueueCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        queue = services.create_queue(**body.validated_data)
+        return Response(QueueSerializer(queue).data, status=status.HTTP_201_CREATED)
+
+
+class QueueDetailView(QueueLookupMixin, APIView):
+    roles = {"GET": ANY_ROLE, "PATCH": ADMIN, "DELETE": ADMIN}
+
+    @extend_schema(
+        operation_id="queues_retrieve",
+        responses={200: QueueSerializer, **errors(NOT_FOUND)},
+        tags=["queues"],
+    )
+    def get(self, request: Request, name: str) -> Response:
+        return Response(QueueSerializer(self.get_queue()).data)
+
+    @extend_schema(
+        operation_id="queues_update",
+        request=QueuePatchSerializer,
+        responses={200: QueueSerializer, **errors(BODY_ERRORS, NOT_FOUND)},
+        tags=["queues"],
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        queue = self.get_queue()
+        body = QueuePatchSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        services.update_queue(queue, **body.validated_data)
+        return Response(QueueSerializer(queue).data)
+
+    @extend_schema(
+        operation_id="queues_destroy",
+        responses={
+            204: None,
+            **errors(NOT_FOUND, {409: error("`queue_not_empty`: live or dead tasks remain")}),
+        },
+        tags=["queues"],
+    )
+    def delete(self, request: Request, name: str) -> Response:
+        services.delete_queue(self.get_queue())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class QueuePauseView(QueueLookupMixin, APIView):
+    roles = {"POST": ADMIN}
+    paused = True
+
+    @extend_schema(
+        request=None,
+        responses={200: QueueSerializer, **errors(NOT_FOUND)},
+        tags=["queues"],
+    )
+    def post(self, request: Request, name: str) -> Response:
+        queue = services.update_queue(self.get_queue(), paused=self.paused)
+        return Response(QueueSerializer(queue).data)
+
+
+class QueueResumeView(QueuePauseView):
+    paused = False
+
+
+class QueuePurgeView(QueueLookupMixin, APIView):
+    roles = {"POST": ADMIN}
+
+    @extend_schema(
+        request=None,
+        responses={
+            200: inline_serializer("PurgeResult", {"cancelled": serializers.IntegerField()}),
+            **errors(NOT_FOUND),
+        },
+        tags=["queues"],
+    )
+    def post(self, request: Request, name: str) -> Response:
+        return Response({"cancelled": services.purge_queue(self.get_queue())})

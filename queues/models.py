@@ -1,0 +1,42 @@
+"""Queues: named lanes with their own retry budget, rate limit and pause flag."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+MAX_RETRIES_LIMIT = 100
+
+
+class Queue(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(
+        max_length=100, unique=True, validators=[RegexValidator(QUEUE_NAME_PATTERN)]
+    )
+    max_retries = models.PositiveSmallIntegerField(
+        default=3, validators=[MinValueValidator(0), MaxValueValidator(MAX_RETRIES_LIMIT)]
+    )
+    # Tasks handed out per second across all API processes; NULL is unlimited.
+    rate_limit = models.PositiveIntegerField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_retries__gte=0, max_retries__lte=MAX_RETRIES_LIMIT),
+                name="queue_max_retries_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(rate_limit__isnull=True) | Q(rate_limit__gte=1),
+                name="queue_rate_limit_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class ApiConfig(AppConfig):
+    name = "taskforge.api"
+    default_auto_field = "django.db.models.BigAutoField"
+    label = "api"
+
+    def ready(self) -> None:
+        # Registers the OpenAPI security scheme of our API keys.
+        from taskforge.api import schema  # noqa: F401

@@ -1,0 +1,61 @@
+"""Bearer API keys: `Authorization: Bearer <key>`, looked up by SHA-256."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.request import Request
+
+from taskforge.api.models import ApiKey, hash_key
+
+# last_used_at is for operators ("is this key still used?"); writing it on
+# every request would turn each read into a write, so it is coarse.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class ApiPrincipal:
+    """The caller behind a valid key, as `request.user`."""
+
+    is_authenticated = True
+    is_anonymous = False
+
+    def __init__(self, key: ApiKey) -> None:
+        self.key = key
+        self.role = key.role
+
+    def __str__(self) -> str:
+        return f"apikey:{self.key.name}"
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    def authenticate(self, request: Request) -> tuple[ApiPrincipal, ApiKey] | None:
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        if not header:
+            return None
+        scheme, _, key = header.partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
+        api_key = ApiKey.objects.active().filter(key_hash=hash_key(key)).first()
+        if api_key is None:
+            raise AuthenticationFailed("Unknown or revoked API key.")
+        self._touch(api_key)
+        return ApiPrincipal(api_key), api_key
+
+    def authenticate_header(self, request: Any) -> str:
+        return 'Bearer realm="taskforge"'
+
+    @staticmethod
+    def _touch(api_key: ApiKey) -> None:
+        now = timezone.now()
+        stale = now - LAST_USED_RESOLUTION
+        if api_key.last_used_at is None or api_key.last_used_at < stale:
+            # Compare-and-set: concurrent requests write it once.
+            ApiKey.objects.filter(
+                Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale), pk=api_key.pk
+            ).update(last_used_at=now)

@@ -1,0 +1,142 @@
+"""The one exception handler: every API error leaves in API.md's shape.
+
+`{"error": {"code", "message", "fields"?}}` for validation errors, auth and
+permission failures, missing objects, our domain errors, outages (503) and,
+last, anything unexpected (500 `internal`, logged with its traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.http import Http404
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rest_framework import exceptions as drf
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from taskforge.api.responses import error_body
+from taskforge.errors import TaskForgeError
+
+logger = logging.getLogger(__name__)
+
+_DRF_CODES: list[tuple[type[drf.APIException], str]] = [
+    (drf.ParseError, "parse_error"),
+    (drf.ValidationError, "invalid"),
+    (drf.NotAuthenticated, "unauthenticated"),
+    (drf.AuthenticationFailed, "unauthenticated"),
+    (drf.PermissionDenied, "forbidden"),
+    (drf.NotFound, "not_found"),
+    (drf.MethodNotAllowed, "method_not_allowed"),
+    (drf.NotAcceptable, "not_acceptable"),
+    (drf.UnsupportedMediaType, "unsupported_media_type"),
+    (drf.Throttled, "throttled"),
+]
+
+_OUTAGES = (OperationalError, InterfaceError, RedisConnectionError, RedisTimeoutError)
+
+
+class PayloadTooLarge(drf.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The request or its payload is too large."
+    default_code = "payload_too_large"
+
+
+def flatten_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested error detail as `{"tasks[3].priority": ["..."]}`."""
+    fields: dict[str, list[str]] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            if key == "non_field_errors":
+                path = prefix or "non_field_errors"
+            elif isinstance(key, int):  # a list item's errors, keyed by its index
+                path = f"{prefix}[{key}]"
+            else:
+                path = f"{prefix}.{key}" if prefix else str(key)
+            for name, messages in flatten_errors(value, path).items():
+                fields.setdefault(name, []).extend(messages)
+    elif isinstance(detail, list):
+        if all(isinstance(item, str) for item in detail):
+            fields[prefix or "non_field_errors"] = [str(item) for item in detail]
+        else:
+            for index, item in enumerate(detail):
+                if item:
+                    for name, messages in flatten_errors(item, f"{prefix}[{index}]").items():
+                        fields.setdefault(name, []).extend(messages)
+    else:
+        fields[prefix or "non_field_errors"] = [str(detail)]
+    return fields
+
+
+def _code_for(exc: drf.APIException) -> str:
+    for cls, code in _DRF_CODES:
+        if isinstance(exc, cls):
+            return code
+    return getattr(exc, "default_code", "error")
+
+
+def _message_for(exc: drf.APIException) -> str:
+    detail = exc.detail
+    if isinstance(detail, str):
+        return str(detail)
+    return "The request is not valid."
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    """Render `exc` as an API error response; never returns None."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, Http404):
+        exc = drf.NotFound(str(exc) if str(exc) else "Not found.")
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = drf.PermissionDenied()
+    elif isinstance(exc, RequestDataTooBig):
+        exc = PayloadTooLarge()
+
+    if isinstance(exc, TaskForgeError):
+        set_rollback()
+        return Response(error_body(exc.code, exc.message), status=exc.status_code)
+
+    if isinstance(exc, drf.APIException):
+        set_rollback()
+        if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):
+            headers["WWW-Authenticate"] = 'Bearer realm="taskforge"'
+            exc.status_code = status.HTTP_401_UNAUTHORIZED
+        if getattr(exc, "wait", None):
+            headers["Retry-After"] = str(int(exc.wait))  # type: ignore[attr-defined]
+        fields = None
+        message = _message_for(exc)
+        if isinstance(exc, drf.ValidationError):
+            fields = flatten_errors(exc.detail)
+            if list(fields) == ["non_field_errors"] and len(fields["non_field_errors"]) == 1:
+                message = fields["non_field_errors"][0]
+            else:
+                message = "Invalid input: " + ", ".join(sorted(fields)[:10])
+                if len(fields) > 10:
+                    message += f" and {len(fields) - 10} more"
+                message += "."
+        return Response(
+            error_body(_code_for(exc), message, fields), status=exc.status_code, headers=headers
+        )
+
+    set_rollback()
+    if isinstance(exc, _OUTAGES):
+        logger.warning("request.unavailable", extra={"error": repr(exc)})
+        return Response(
+            error_body("unavailable", "A backing service (Postgres or Redis) is unavailable."),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": "1"},
+        )
+    if isinstance(exc, DatabaseError):
+        logger.exception("request.database_error", exc_info=exc)
+    else:
+        logger.exception("request.internal_error", exc_info=exc)
+    return Response(
+        error_body("internal", "An unexpected error occurred."),
+        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )

@@ -1,0 +1,91 @@
+"""Strict serializer fields: JSON types are taken as they are, never coerced.
+
+DRF's stock fields accept `"5"` for an integer and `5` for a string; a task
+queue's contract should not guess, so these refuse the wrong JSON type.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from rest_framework import serializers
+
+from taskforge.lib.timeutil import isoformat, parse_time
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        if isinstance(data, float) and not (math.isfinite(data) and data.is_integer()):
+            self.fail("invalid")
+        return super().to_internal_value(int(data))
+
+
+class StrictNumberField(serializers.FloatField):
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        if isinstance(data, int) and abs(data) > 2**53:
+            self.fail("max_string_length")
+        return super().to_internal_value(float(data))
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictCharField(serializers.CharField):
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class TimeField(serializers.DateTimeField):
+    """ISO 8601 with `Z` or an offset; written back in UTC with `Z`."""
+
+    default_error_messages = {
+        "invalid": "Expected an ISO 8601 time with 'Z' or an offset, up to year 9999.",
+    }
+
+    def to_internal_value(self, value: Any) -> datetime:
+        try:
+            return parse_time(value)
+        except (ValueError, TypeError):
+            self.fail("invalid")
+        raise AssertionError("unreachable")
+
+    def to_representation(self, value: datetime | None) -> str | None:
+        return isoformat(value)
+
+
+class AnyJSONField(serializers.JSONField):
+    """Any JSON value as parsed from the body (no second decode of strings)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses a body that is not an object, and any field it does not know."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Expected a JSON object."]}, code="invalid"
+            )
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError(
+                {name: ["Unknown field."] for name in unknown}, code="invalid"
+            )
+        return super().to_internal_value(data)

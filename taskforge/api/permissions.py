@@ -1,0 +1,34 @@
+"""Role checks: each view names the roles allowed per HTTP method."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+from taskforge.api.models import Role
+
+ANY_ROLE = frozenset(Role.values)
+PRODUCER = frozenset({Role.PRODUCER, Role.ADMIN})
+WORKER = frozenset({Role.WORKER, Role.ADMIN})
+ADMIN = frozenset({Role.ADMIN})
+
+
+class HasRole(BasePermission):
+    """Allow a request when its key's role is in `view.roles[method]`.
+
+    Views declare `roles = {"GET": ANY_ROLE, "POST": ADMIN, ...}`; a method
+    missing from the table is admin-only.  No key at all is a 401, a key of
+    the wrong role a 403.
+    """
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        principal = request.user
+        if principal is None or not getattr(principal, "is_authenticated", False):
+            return False
+        roles: dict[str, frozenset[str]] = getattr(view, "roles", {})
+        allowed = roles.get(request.method or "GET", ADMIN)
+        if request.method == "HEAD":
+            allowed = roles.get("GET", ADMIN)
+        return principal.role in allowed

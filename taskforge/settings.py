@@ -1,0 +1,174 @@
+"""Django settings for TaskForge.
+
+Every value comes from the environment and is declared here with its type and
+default; the TASKFORGE_* tunables and their defaults are listed in `conf.py`.
+Secure by default: DEBUG is off and SECRET_KEY and DATABASE_URL are required.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+from taskforge.conf import DEFAULTS
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.FileAwareEnv(
+    DEBUG=(bool, False),
+    ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1", "[::1]"]),
+    REDIS_URL=(str, "redis://127.0.0.1:6379/0"),
+    LOG_LEVEL=(str, "INFO"),
+)
+
+DEBUG = env("DEBUG")
+# Required unless DEBUG: a deployment without its own key must not start.
+SECRET_KEY = env("SECRET_KEY", default="insecure-debug-only-key" if DEBUG else environ.Env.NOTSET)
+ALLOWED_HOSTS = env("ALLOWED_HOSTS")
+
+for _name, (_type, _default) in DEFAULTS.items():
+    globals()[f"TASKFORGE_{_name}"] = env.get_value(
+        f"TASKFORGE_{_name}", cast=_type, default=_default
+    )
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_prometheus",
+    "taskforge.api",
+    "queues",
+    "tasks",
+    "workers",
+    "dlq",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "taskforge.api.middleware.RequestSizeLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "taskforge.urls"
+WSGI_APPLICATION = "taskforge.wsgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.db("DATABASE_URL")}
+DATABASES["default"].setdefault("OPTIONS", {})
+# Fail fast when Postgres is unreachable: requests answer 503 instead of hanging.
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+REDIS_URL = env("REDIS_URL")
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {
+            "SOCKET_CONNECT_TIMEOUT": 2,
+            "SOCKET_TIMEOUT": 5,
+        },
+        "KEY_PREFIX": "taskforge:cache",
+    }
+}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# Serve static files straight from the apps and static/ too, so a fresh
+# checkout needs no collectstatic (the image still collects them at build).
+WHITENOISE_USE_FINDERS = True
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+# Django refuses bodies past this size before any view reads them; the
+# middleware answers 413 for a declared Content-Length over it.
+DATA_UPLOAD_MAX_MEMORY_SIZE = globals()["TASKFORGE_MAX_REQUEST_BYTES"]
+
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+if not DEBUG:
+    SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+    CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["taskforge.api.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["taskforge.api.permissions.HasRole"],
+    "DEFAULT_PARSER_CLASSES": ["taskforge.api.parsers.StrictJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "taskforge.api.exceptions.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+    "DATETIME_FORMAT": "iso-8601",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "TaskForge API",
+    "DESCRIPTION": (
+        "Self-hosted distributed task queue. Every non-2xx answer is "
+        '`{"error": {"code", "message", "fields"?}}`.'
+    ),
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"TaskStatusEnum": "tasks.models.TaskStatus.choices"},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": "taskforge.lib.logging.JsonFormatter"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json"}},
+    "root": {"handlers": ["stderr"], "level": env("LOG_LEVEL")},
+    "loggers": {
+        "django.request": {"level": "ERROR"},
+        "django.server": {"level": "WARNING"},
+    },
+}

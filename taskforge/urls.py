@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from queues.api import views as queue_views
+from taskforge.api import health
+from tasks.api import views as task_views
+
+handler400 = "taskforge.api.handlers.bad_request"
+handler403 = "taskforge.api.handlers.permission_denied"
+handler404 = "taskforge.api.handlers.page_not_found"
+handler500 = "taskforge.api.handlers.server_error"
+
+Q = "queues/<str:name>"
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("queues", queue_views.QueueListView.as_view(), name="queue-list"),
+    path(f"{Q}", queue_views.QueueDetailView.as_view(), name="queue-detail"),
+    path(f"{Q}/pause", queue_views.QueuePauseView.as_view(), name="queue-pause"),
+    path(f"{Q}/resume", queue_views.QueueResumeView.as_view(), name="queue-resume"),
+    path(f"{Q}/purge", queue_views.QueuePurgeView.as_view(), name="queue-purge"),
+    path(f"{Q}/stats", task_views.QueueStatsView.as_view(), name="queue-stats"),
+    path(f"{Q}/tasks", task_views.TaskListView.as_view(), name="task-list"),
+    path(f"{Q}/tasks/batch", task_views.TaskBatchView.as_view(), name="task-batch"),
+    path(f"{Q}/tasks/<str:task_id>", task_views.TaskDetailView.as_view(), name="task-detail"),
+    path(
+        f"{Q}/tasks/<str:task_id>/events",
+        task_views.TaskEventsView.as_view(),
+        name="task-events",
+    ),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rest_framework import serializers
+
+from queues.models import MAX_RETRIES_LIMIT
+from taskforge.api.exceptions import PayloadTooLarge
+from taskforge.api.fields import (
+    AnyJSONField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictNumberField,
+    StrictSerializer,
+    TimeField,
+)
+from taskforge.conf import conf
+from taskforge.lib.timeutil import isoformat
+from tasks.models import Task, TaskEvent, TaskStatus
+from tasks.services import TaskSpec
+
+MAX_BATCH = 1000
+# A delay that keeps scheduled_at far inside the year 9999.
+MAX_DELAY_SECONDS = 100 * 365 * 86400
+
+
+def json_size(value: Any) -> int:
+    """Bytes of `value` as compact UTF-8 JSON: what the payload limit counts."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def check_payload_size(value: Any, what: str = "payload") -> None:
+    """Raises: PayloadTooLarge (413) past TASKFORGE_MAX_PAYLOAD_BYTES."""
+    limit = conf.MAX_PAYLOAD_BYTES
+    if json_size(value) > limit:
+        raise PayloadTooLarge(f"The {what} is larger than {limit} bytes as JSON.")
+
+
+def task_to_dict(task: Task) -> dict[str, Any]:
+    """The Task object of API.md (the hot path: no serializer machinery)."""
+    return {
+        "id": str(task.id),
+        "queue": task.queue.name,
+        "payload": task.payload,
+        "status": task.status,
+        "priority": task.priority,
+        "scheduled_at": isoformat(task.scheduled_at),
+        "claimed_at": isoformat(task.claimed_at),
+        "claimed_by": task.claimed_by,
+        "heartbeat_at": isoformat(task.heartbeat_at),
+        "attempts": task.attempts,
+        "max_retries": task.max_retries,
+        "last_error": task.last_error,
+        "result": task.result,
+        "idempotency_key": task.idempotency_key,
+        "created_at": isoformat(task.created_at),
+        "updated_at": isoformat(task.updated_at),
+        "finished_at": isoformat(task.finished_at),
+    }
+
+
+class TaskSerializer(serializers.Serializer):
+    """The Task object; `to_representation` is `task_to_dict`."""
+
+    id = serializers.UUIDField()
+    queue = serializers.CharField()
+    payload = AnyJSONField()
+    status = serializers.ChoiceField(choices=TaskStatus.choices)
+    priority = serializers.IntegerField(min_value=1, max_value=10)
+    scheduled_at = TimeField()
+    claimed_at = TimeField(allow_null=True)
+    claimed_by = serializers.CharField(allow_null=True)
+    heartbeat_at = TimeField(allow_null=True)
+    attempts = serializers.IntegerField()
+    max_retries = serializers.IntegerField()
+    last_error = serializers.CharField(allow_null=True)
+    result = AnyJSONField(allow_null=True)
+    idempotency_key = serializers.CharField(allow_null=True)
+    created_at = TimeField()
+    updated_at = TimeField()
+    finished_at = TimeField(allow_null=True)
+
+    def to_representation(self, instance: Task) -> dict[str, Any]:
+        return task_to_dict(instance)
+
+
+class TaskEventSerializer(serializers.Serializer):
+    at = TimeField()
+    from_status = serializers.ChoiceField(choices=TaskStatus.choices, allow_null=True)
+    to_status = serializers.ChoiceField(choices=TaskStatus.choices)
+    worker_id = serializers.CharField(allow_null=True)
+    attempt = serializers.IntegerField()
+    error = serializers.CharField(allow_null=True)
+
+    def to_representation(self, instance: TaskEvent) -> dict[str, Any]:
+        return {
+            "at": isoformat(instance.at),
+            "from_status": instance.from_status,
+            "to_status": instance.to_status,
+            "worker_id": instance.worker_id,
+            "attempt": instance.attempt,
+            "error": instance.error,
+        }
+
+
+class EnqueueSerializer(StrictSerializer):
+    payload = AnyJSONField(help_text="Any JSON value but null.")
+    priority = StrictIntegerField(min_value=1, max_value=10, default=5)
+    scheduled_at = TimeField(required=False)
+    delay_seconds = StrictNumberField(min_value=0, max_value=MAX_DELAY_SECONDS, required=False)
+    idempotency_key = StrictCharField(min_length=1, max_length=200, required=False)
+    max_retries = StrictIntegerField(min_value=0, max_value=MAX_RETRIES_LIMIT, required=False)
+
+    def validate_payload(self, value: Any) -> Any:
+        if value is None:
+            raise serializers.ValidationError("The payload may be any JSON value but null.")
+        check_payload_size(value)
+        return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "scheduled_at" in attrs and "delay_seconds" in attrs:
+            raise serializers.ValidationError(
+                {"delay_seconds": ["Give scheduled_at or delay_seconds, not both."]}
+            )
+        return attrs
+
+    def to_spec(self, attrs: dict[str, Any]) -> TaskSpec:
+        return TaskSpec(**attrs)
+
+
+class EnqueueBatchSerializer(StrictSerializer):
+    tasks = EnqueueSerializer(many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False)
+
+
+class TaskListQuerySerializer(serializers.Serializer):
+    """Query parameters of GET /queues/:name/tasks (all optional)."""
+
+    status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
+    claimed_by = serializers.CharField(max_length=200, required=False)
+    created_after = TimeField(required=False)
+    created_before = TimeField(required=False)

@@ -1,0 +1,220 @@
+"""The /queues/:name/tasks and /stats endpoints of API.md."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import transaction
+from django.http import Http404
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from queues.api.views import QueueLookupMixin
+from queues.models import Queue
+from taskforge.api.pagination import KeysetPaginator
+from taskforge.api.permissions import PRODUCER
+from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, error, errors, page_of
+from tasks import services, transitions
+from tasks.api.serializers import (
+    EnqueueBatchSerializer,
+    EnqueueSerializer,
+    TaskEventSerializer,
+    TaskListQuerySerializer,
+    TaskSerializer,
+    task_to_dict,
+)
+from tasks.models import Task, TaskEvent
+from tasks.stats import queue_stats
+
+LIST_PARAMS = [
+    OpenApiParameter("status", str, enum=[s.value for s in Task.Status]),
+    OpenApiParameter("claimed_by", str),
+    OpenApiParameter("created_after", str, description="ISO 8601 time, exclusive"),
+    OpenApiParameter("created_before", str, description="ISO 8601 time, exclusive"),
+    OpenApiParameter("limit", int, description="1..500, default 100"),
+    OpenApiParameter("cursor", str, description="From the previous page's `next`"),
+]
+PAGE_PARAMS = LIST_PARAMS[-2:]
+
+
+def parse_task_id(raw: str) -> uuid.UUID:
+    """A task id from the URL; anything but a UUID names no task (404)."""
+    try:
+        return uuid.UUID(raw)
+    except ValueError as exc:
+        raise Http404("No such task in this queue.") from exc
+
+
+class TaskLookupMixin(QueueLookupMixin):
+    def get_task(self, queue: Queue, *, lock: bool = False) -> Task:
+        queryset = Task.objects.filter(queue=queue, pk=parse_task_id(self.kwargs["task_id"]))
+        if lock:
+            queryset = queryset.select_for_update(no_key=True)
+        task = queryset.first()
+        if task is None:
+            raise Http404("No such task in this queue.")
+        task.queue = queue
+        return task
+
+
+class TaskListView(QueueLookupMixin, APIView):
+    roles = {"GET": PRODUCER, "POST": PRODUCER}
+
+    @extend_schema(
+        operation_id="tasks_list",
+        parameters=LIST_PARAMS,
+        responses={
+            200: page_of(TaskSerializer, "TaskPage"),
+            **errors(NOT_FOUND, {400: error("A query parameter is out of range (`invalid`)")}),
+        },
+        tags=["tasks"],
+    )
+    def get(self, request: Request, name: str) -> Response:
+        queue = self.get_queue()
+        query = TaskListQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        filters: dict[str, Any] = {"queue": queue}
+        for key, lookup in [
+            ("status", "status"),
+            ("claimed_by", "claimed_by"),
+            ("created_after", "created_at__gt"),
+            ("created_before", "created_at__lt"),
+        ]:
+            if key in query.validated_data:
+                filters[lookup] = query.validated_data[key]
+        paginator = KeysetPaginator(request, ordering=["-created_at", "-id"])
+        page = paginator.paginate(Task.objects.filter(**filters))
+        for task in page:
+            task.queue = queue
+        return paginator.response([task_to_dict(task) for task in page])
+
+    @extend_schema(
+        operation_id="tasks_enqueue",
+        request=EnqueueSerializer,
+        responses={
+            201: TaskSerializer,
+            200: TaskSerializer,
+            **errors(BODY_ERRORS, NOT_FOUND),
+        },
+        description=(
+            "201 with the new task; 200 with the existing task when its `idempotency_key` "
+            "was seen in this queue. 413 when the payload is over TASKFORGE_MAX_PAYLOAD_BYTES."
+        ),
+        tags=["tasks"],
+    )
+    def post(self, request: Request, name: str) -> Response:
+        queue = self.get_queue()
+        body = EnqueueSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        [result] = services.enqueue(queue, [body.to_spec(body.validated_data)])
+        return Response(
+            task_to_dict(result.task),
+            status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
+        )
+
+
+class TaskBatchView(QueueLookupMixin, APIView):
+    roles = {"POST": PRODUCER}
+
+    @extend_schema(
+        operation_id="tasks_enqueue_batch",
+        request=EnqueueBatchSerializer,
+        responses={
+            201: inline_serializer("TaskBatchResult", {"results": TaskSerializer(many=True)}),
+            200: inline_serializer("TaskBatchExisting", {"results": TaskSerializer(many=True)}),
+            **errors(BODY_ERRORS, NOT_FOUND),
+        },
+        description=(
+            "1..1000 tasks in one transaction: any invalid item is a 400 (with `fields` "
+            "such as `tasks[3].priority`) and nothing is stored. 201 when any task was "
+            "created, else 200."
+        ),
+        tags=["tasks"],
+    )
+    def post(self, request: Request, name: str) -> Response:
+        queue = self.get_queue()
+        body = EnqueueBatchSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        specs = [EnqueueSerializer().to_spec(item) for item in body.validated_data["tasks"]]
+        results = services.enqueue(queue, specs)
+        created = any(result.created for result in results)
+        return Response(
+            {"results": [task_to_dict(result.task) for result in results]},
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+
+class TaskDetailView(TaskLookupMixin, APIView):
+    roles = {"GET": PRODUCER, "DELETE": PRODUCER}
+
+    @extend_schema(
+        operation_id="tasks_retrieve",
+        responses={200: TaskSerializer, **errors(NOT_FOUND)},
+        tags=["tasks"],
+    )
+    def get(self, request: Request, name: str, task_id: str) -> Response:
+        return Response(task_to_dict(self.get_task(self.get_queue())))
+
+    @extend_schema(
+        operation_id="tasks_cancel",
+        responses={
+            200: TaskSerializer,
+            **errors(NOT_FOUND, {409: error("`invalid_state`: executing or finished")}),
+        },
+        description="Cancel a pending, claimed or retry task.",
+        tags=["tasks"],
+    )
+    def delete(self, request: Request, name: str, task_id: str) -> Response:
+        queue = self.get_queue()
+        with transaction.atomic():
+            task = self.get_task(queue, lock=True)
+            transitions.cancel([task])
+        return Response(task_to_dict(task))
+
+
+class TaskEventsView(TaskLookupMixin, APIView):
+    roles = {"GET": PRODUCER}
+
+    @extend_schema(
+        operation_id="tasks_events",
+        parameters=PAGE_PARAMS,
+        responses={200: page_of(TaskEventSerializer, "TaskEventPage"), **errors(NOT_FOUND)},
+        tags=["tasks"],
+    )
+    def get(self, request: Request, name: str, task_id: str) -> Response:
+        task = self.get_task(self.get_queue())
+        paginator = KeysetPaginator(request, ordering=["id"])
+        page = paginator.paginate(TaskEvent.objects.filter(task=task))
+        return paginator.response(TaskEventSerializer(page, many=True).data)
+
+
+class QueueStatsSerializer(serializers.Serializer):
+    queue = serializers.CharField()
+    paused = serializers.BooleanField()
+    depth = inline_serializer(
+        "QueueDepth",
+        {
+            name: serializers.IntegerField()
+            for name in ["pending", "scheduled", "claimed", "executing", "retry"]
+        },
+    )
+    dlq_depth = serializers.IntegerField()
+    throughput_per_second = serializers.FloatField()
+    error_rate = serializers.FloatField()
+    oldest_pending_age_seconds = serializers.FloatField(allow_null=True)
+
+
+class QueueStatsView(QueueLookupMixin, APIView):
+    roles = {"GET": PRODUCER}
+
+    @extend_schema(
+        operation_id="queues_stats",
+        responses={200: QueueStatsSerializer, **errors(NOT_FOUND)},
+        tags=["tasks"],
+    )
+    def get(self, request: Request, name: str) -> Response:
+        return Response(queue_stats(self.get_queue()))

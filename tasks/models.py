@@ -1,0 +1,155 @@
+"""Tasks and their event history.
+
+Models hold data, constraints and read queries.  Status is written only by
+`tasks.transitions`; see that module for the lifecycle.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from queues.models import MAX_RETRIES_LIMIT, Queue
+
+
+class TaskStatus(models.TextChoices):
+    PENDING = "pending"
+    CLAIMED = "claimed"
+    EXECUTING = "executing"
+    RETRY = "retry"
+    DONE = "done"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+# Statuses that keep a queue from being deleted (API.md: DELETE /queues/:name).
+LIVE_STATUSES = (
+    TaskStatus.PENDING,
+    TaskStatus.CLAIMED,
+    TaskStatus.EXECUTING,
+    TaskStatus.RETRY,
+    TaskStatus.DEAD,
+)
+TERMINAL_STATUSES = (TaskStatus.DONE, TaskStatus.DEAD, TaskStatus.CANCELLED)
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    def for_queue(self, queue: Queue) -> TaskQuerySet:
+        return self.filter(queue=queue)
+
+
+class Task(models.Model):
+    Status = TaskStatus
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="tasks", db_index=False)
+    payload = models.JSONField()
+    status = models.CharField(max_length=16, choices=TaskStatus.choices, editable=False)
+    priority = models.PositiveSmallIntegerField(default=5)
+    scheduled_at = models.DateTimeField()
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=200, null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    max_retries = models.PositiveSmallIntegerField()
+    last_error = models.TextField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    # When the task entered its current status: the `duration_ms` of the next
+    # transition's log line is measured from here.
+    status_changed_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TaskQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=TaskStatus.values), name="task_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=1, priority__lte=10), name="task_priority_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_retries__gte=0, max_retries__lte=MAX_RETRIES_LIMIT),
+                name="task_max_retries_range",
+            ),
+            models.UniqueConstraint(
+                fields=["queue", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="task_idempotency_key_per_queue",
+            ),
+        ]
+        indexes = [
+            # The PRD's general index: per-queue depth by status (stats, purge).
+            models.Index(
+                fields=["queue", "status", "priority", "scheduled_at"], name="task_queue_status_idx"
+            ),
+            # Used by the dispatcher's SKIP LOCKED select of due pending tasks;
+            # keep in sync with its ORDER BY (priority, scheduled_at).
+            models.Index(
+                fields=["queue", "priority", "scheduled_at"],
+                name="task_pending_due_idx",
+                condition=Q(status="pending"),
+            ),
+            # Used by the scheduler to find retry tasks whose time has come.
+            models.Index(
+                fields=["scheduled_at"], name="task_retry_due_idx", condition=Q(status="retry")
+            ),
+            # Used by the watchdog to find expired leases.
+            models.Index(
+                fields=["heartbeat_at"],
+                name="task_executing_hb_idx",
+                condition=Q(status="executing"),
+            ),
+            # Used by the watchdog's buffer reconcile (claimed for too long).
+            models.Index(
+                fields=["status_changed_at"],
+                name="task_claimed_since_idx",
+                condition=Q(status="claimed"),
+            ),
+            # The task list: newest first, keyset-paginated on (created_at, id).
+            models.Index(fields=["queue", "-created_at", "-id"], name="task_queue_created_idx"),
+            models.Index(
+                fields=["queue", "status", "-created_at", "-id"], name="task_queue_status_new_idx"
+            ),
+            models.Index(
+                fields=["claimed_by", "-created_at"],
+                name="task_claimed_by_idx",
+                condition=Q(claimed_by__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+class TaskEvent(models.Model):
+    """One row per status transition of a task; `from_status` is NULL at creation."""
+
+    id = models.BigAutoField(primary_key=True)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_index=False)
+    # Denormalised so per-queue throughput and error rate need no join.
+    # (Foreign keys here are indexed by the composite indexes in Meta.)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    at = models.DateTimeField()
+    from_status = models.CharField(max_length=16, null=True, choices=TaskStatus.choices)
+    to_status = models.CharField(max_length=16, choices=TaskStatus.choices)
+    worker_id = models.CharField(max_length=200, null=True)
+    attempt = models.PositiveIntegerField()
+    error = models.TextField(null=True)
+
+    class Meta:
+        indexes = [
+            # /tasks/:id/events, oldest first.
+            models.Index(fields=["task", "id"], name="taskevent_task_idx"),
+            # Stats: acks and failed attempts per queue over the last minute.
+            models.Index(fields=["queue", "at"], name="taskevent_queue_at_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id}: {self.from_status} -> {self.to_status}"

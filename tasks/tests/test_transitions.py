@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from django.db import transaction
+
+from dlq.models import DeadLetterTask
+from tasks import transitions
+from tasks.exceptions import InvalidTransition
+from tasks.models import Task, TaskEvent, TaskStatus
+from tasks.tests.factories import TaskFactory
+
+S = TaskStatus
+ROOT = Path(__file__).resolve().parents[2]
+
+# The public verb that performs each allowed move.
+VERBS = {
+    (S.PENDING, S.CLAIMED): lambda t: transitions.buffer([t]),
+    (S.PENDING, S.CANCELLED): lambda t: transitions.cancel([t]),
+    (S.CLAIMED, S.EXECUTING): lambda t: transitions.hand_out([t], worker_id="w"),
+    (S.CLAIMED, S.PENDING): lambda t: transitions.unbuffer([t]),
+    (S.CLAIMED, S.CANCELLED): lambda t: transitions.cancel([t]),
+    (S.EXECUTING, S.DONE): lambda t: transitions.ack(t, result=1),
+    (S.EXECUTING, S.RETRY): lambda t: transitions.fail(t, error="e"),
+    (S.EXECUTING, S.DEAD): lambda t: transitions.fail(t, error="e", retry=False),
+    (S.RETRY, S.PENDING): lambda t: transitions.promote([t]),
+    (S.RETRY, S.CANCELLED): lambda t: transitions.cancel([t]),
+    (S.DEAD, S.PENDING): lambda t: transitions.replay([t]),
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("from_status", "to_status"), list(itertools.product(S.values, S.values)))
+def test_move__every_pair_is_allowed_or_refused_as_the_table_says(
+    from_status: str, to_status: str
+) -> None:
+    task = TaskFactory(status=from_status)
+    events_before = TaskEvent.objects.filter(task=task).count()
+    allowed = (from_status, to_status) in VERBS
+    assert transitions.is_allowed(from_status, to_status) == allowed
+    if allowed:
+        with transaction.atomic():
+            VERBS[(from_status, to_status)](task)
+        task.refresh_from_db()
+        assert task.status == to_status
+        events = list(TaskEvent.objects.filter(task=task).order_by("id"))
+        assert len(events) == events_before + 1
+        assert (events[-1].from_status, events[-1].to_status) == (from_status, to_status)
+    else:
+        with pytest.raises(InvalidTransition), transaction.atomic():
+            transitions._move([task], to_status, verb="test")
+        task.refresh_from_db()
+        assert task.status == from_status
+        assert TaskEvent.objects.filter(task=task).count() == events_before
+
+
+@pytest.mark.django_db
+def test_move__refuses_a_row_whose_status_changed_under_it() -> None:
+    task = TaskFactory()
+    stale = Task.objects.get(pk=task.pk)
+    with transaction.atomic():
+        transitions.cancel([task])
+    with pytest.raises(InvalidTransition), transaction.atomic():
+        transitions.buffer([stale])
+    assert Task.objects.get(pk=task.pk).status == S.CANCELLED
+
+
+@pytest.mark.django_db
+def test_create__writes_the_null_to_pending_event() -> None:
+    task = TaskFactory()
+    [event] = TaskEvent.objects.filter(task=task)
+    assert (event.from_status, event.to_status, event.attempt) == (None, S.PENDING, 0)
+
+
+@pytest.mark.django_db
+def test_hand_out__counts_the_attempt_and_starts_the_lease() -> None:
+    task = TaskFactory(status=S.EXECUTING, worker_id="w-9")
+    assert task.attempts == 1
+    assert task.claimed_by == "w-9"
+    assert task.heartbeat_at == task.claimed_at is not None
+
+
+@pytest.mark.django_db
+def test_fail__last_attempt_goes_dead_with_a_dlq_entry_in_the_same_transaction() -> None:
+    task = TaskFactory(status=S.EXECUTING, max_retries=0)
+    with transaction.atomic():
+        transitions.fail(task, error="kaput")
+    task.refresh_from_db()
+    assert task.status == S.DEAD
+    assert task.finished_at is not None
+    entry = DeadLetterTask.objects.get(task=task)
+    assert (entry.last_error, entry.attempts, entry.replay_count) == ("kaput", 1, 0)
+
+
+@pytest.mark.django_db
+def test_fail__retry_after_overrides_the_backoff() -> None:
+    task = TaskFactory(status=S.EXECUTING)
+    with transaction.atomic():
+        transitions.fail(task, error="later", retry_after_seconds=120)
+    task.refresh_from_db()
+    assert task.status == S.RETRY
+    assert 119 <= (task.scheduled_at - task.updated_at).total_seconds() <= 121
+
+
+@pytest.mark.django_db
+def test_replay__resets_attempts_and_counts_the_replay() -> None:
+    task = TaskFactory(status=S.DEAD)
+    with transaction.atomic():
+        transitions.replay([task])
+    task.refresh_from_db()
+    assert (task.status, task.attempts, task.finished_at) == (S.PENDING, 0, None)
+    entry = DeadLetterTask.objects.get(task=task)
+    assert entry.replay_count == 1
+    assert entry.replayed_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_log__one_json_line_per_transition_after_commit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="taskforge.transitions")
+    task = TaskFactory(status=S.DONE, worker_id="w-1")
+    records = [r for r in caplog.records if r.name == "taskforge.transitions"]
+    chain = [(r.from_status, r.to_status) for r in records]  # type: ignore[attr-defined]
+    assert chain == [
+        (None, S.PENDING),
+        (S.PENDING, S.CLAIMED),
+        (S.CLAIMED, S.EXECUTING),
+        (S.EXECUTING, S.DONE),
+    ]
+    events = TaskEvent.objects.filter(task=task).order_by("id")
+    assert [(e.from_status, e.to_status) for e in events] == chain
+    from taskforge.lib.logging import JsonFormatter
+
+    line = json.loads(JsonFormatter().format(records[-1]))
+    assert line["event"] == "task.acked"
+    assert line["task_id"] == str(task.pk)
+    assert line["queue"] == task.queue.name
+    assert line["worker_id"] == "w-1"
+    assert line["attempt"] == 1
+    assert isinstance(line["duration_ms"], float)
+    assert line["ts"].endswith("Z")
+
+
+@pytest.mark.django_db
+def test_log__nothing_is_logged_for_a_rolled_back_transition(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    task = TaskFactory()
+    caplog.set_level(logging.INFO, logger="taskforge.transitions")
+    caplog.clear()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        transitions.cancel([task])
+        raise RuntimeError("roll back")
+    assert not [r for r in caplog.records if r.name == "taskforge.transitions"]
+
+
+def _writes_status(node: ast.AST) -> bool:
+    """True for `x.status = ...`, `.update(status=...)`, `Task(status=...)` and the like."""
+    if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(isinstance(t, ast.Attribute) and t.attr == "status" for t in targets)
+    if isinstance(node, ast.Call) and any(kw.arg == "status" for kw in node.keywords):
+        func = node.func
+        writer = {"update", "create", "update_or_create", "get_or_create", "Task"}
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return name in writer
+    return False
+
+
+def test_status_is_written_only_by_the_transitions_module() -> None:
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        parts = set(rel.parts)
+        if parts & {".venv", "migrations", "tests", "build"} or rel.name == "conftest.py":
+            continue
+        if str(rel) in {"tasks/transitions.py", "tasks/claiming.py"}:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(rel))
+        offenders += [f"{rel}:{n.lineno}" for n in ast.walk(tree) if _writes_status(n)]
+    assert offenders == []

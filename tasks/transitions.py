@@ -1,0 +1,315 @@
+"""Every change of a task's status goes through this module.
+
+The lifecycle (API.md, "Task status"):
+
+    (new) ─> pending ─> claimed ─> executing ─> done
+               ^  │        │           ├──────> retry ─> pending (when due)
+               │  │        └─> pending └──────> dead ──> pending (replay)
+               │  └──────> cancelled  (also from claimed and retry)
+
+Each verb takes rows the caller has locked inside `transaction.atomic()`,
+checks every move against `ALLOWED`, writes the new status guarded by the old
+one (`UPDATE ... WHERE status = <from>`), adds one `TaskEvent` per task in the
+same transaction, and logs one JSON line per task once the transaction commits.
+Nothing else in TaskForge writes `Task.status`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from dlq.models import DeadLetterTask
+from tasks.exceptions import InvalidTransition
+from tasks.models import Task, TaskEvent, TaskStatus
+from tasks.retry import next_attempt_at
+
+logger = logging.getLogger("taskforge.transitions")
+
+S = TaskStatus
+
+ALLOWED: dict[str | None, frozenset[str]] = {
+    None: frozenset({S.PENDING}),
+    S.PENDING: frozenset({S.CLAIMED, S.CANCELLED}),
+    S.CLAIMED: frozenset({S.EXECUTING, S.PENDING, S.CANCELLED}),
+    S.EXECUTING: frozenset({S.DONE, S.RETRY, S.DEAD}),
+    S.RETRY: frozenset({S.PENDING, S.CANCELLED}),
+    S.DEAD: frozenset({S.PENDING}),
+    S.DONE: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+LEASE_EXPIRED_ERROR = "lease expired: no heartbeat within the heartbeat timeout"
+
+# Per-task field values for one transition, computed from the locked row.
+Changes = Callable[[Task], dict[str, Any]]
+
+
+def is_allowed(from_status: str | None, to_status: str) -> bool:
+    return to_status in ALLOWED.get(from_status, frozenset())
+
+
+def create(tasks: Sequence[Task], *, now: datetime | None = None) -> list[Task]:
+    """Insert new tasks as `pending` (the transition from nothing).
+
+    Caller contract: inside `atomic()`; the tasks are unsaved and carry their
+    queue, payload, priority, scheduled_at, max_retries and idempotency key.
+
+    Raises:
+        IntegrityError: an idempotency key already exists in the queue.
+    """
+    now = now or timezone.now()
+    for task in tasks:
+        task.status = S.PENDING
+        task.created_at = task.updated_at = task.status_changed_at = now
+    created = Task.objects.bulk_create(tasks)
+    _record(created, from_statuses=[None] * len(created), verb="created", now=now)
+    return created
+
+
+def buffer(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
+    """pending -> claimed: the dispatcher put the tasks into the dispatch buffer."""
+    _move(tasks, S.CLAIMED, verb="buffered", now=now)
+
+
+def unbuffer(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
+    """claimed -> pending: back out of the buffer (queue paused, shutdown, lost push)."""
+    _move(tasks, S.PENDING, verb="unbuffered", now=now)
+
+
+def promote(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
+    """retry -> pending: the scheduler found the next attempt due."""
+    _move(tasks, S.PENDING, verb="promoted", now=now)
+
+
+def hand_out(tasks: Sequence[Task], *, worker_id: str, now: datetime | None = None) -> None:
+    """claimed -> executing: a worker claimed the tasks; its lease starts now."""
+    now = now or timezone.now()
+    _move(
+        tasks,
+        S.EXECUTING,
+        verb="handed_out",
+        now=now,
+        worker_id=worker_id,
+        changes=lambda t: {
+            "attempts": t.attempts + 1,
+            "claimed_by": worker_id,
+            "claimed_at": now,
+            "heartbeat_at": now,
+        },
+    )
+
+
+def ack(task: Task, *, result: Any = None, now: datetime | None = None) -> None:
+    """executing -> done: the worker finished the task."""
+    now = now or timezone.now()
+    _move(
+        [task],
+        S.DONE,
+        verb="acked",
+        now=now,
+        worker_id=task.claimed_by,
+        changes={"result": result, "finished_at": now},
+    )
+
+
+def fail(
+    task: Task,
+    *,
+    error: str,
+    retry: bool = True,
+    retry_after_seconds: float | None = None,
+    now: datetime | None = None,
+) -> None:
+    """executing -> retry, or -> dead once attempts are spent or `retry` is False.
+
+    A dead task gets its dead-letter entry in the same transaction.
+    """
+    now = now or timezone.now()
+    exhausted = task.attempts >= task.max_retries + 1
+    if not retry or exhausted:
+        _dead_letter([task], error=error, now=now)
+        return
+    if retry_after_seconds is not None:
+        due = now + timedelta(seconds=retry_after_seconds)
+    else:
+        due = next_attempt_at(now, task.attempts)
+    _move(
+        [task],
+        S.RETRY,
+        verb="failed",
+        now=now,
+        worker_id=task.claimed_by,
+        error=error,
+        changes={"last_error": error, "scheduled_at": due},
+    )
+
+
+def expire_lease(task: Task, *, now: datetime | None = None) -> None:
+    """executing -> retry or dead: the worker stopped heartbeating (the watchdog)."""
+    fail(task, error=LEASE_EXPIRED_ERROR, now=now)
+
+
+def cancel(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
+    """pending, claimed or retry -> cancelled.
+
+    Raises:
+        InvalidTransition: a task is executing or already finished.
+    """
+    now = now or timezone.now()
+    _move(tasks, S.CANCELLED, verb="cancelled", now=now, changes={"finished_at": now})
+
+
+def replay(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
+    """dead -> pending with a fresh attempt budget; the DLQ entry records the replay.
+
+    Raises:
+        InvalidTransition: a task is not dead.
+    """
+    now = now or timezone.now()
+    _move(
+        tasks,
+        S.PENDING,
+        verb="replayed",
+        now=now,
+        changes={"attempts": 0, "finished_at": None, "scheduled_at": now},
+    )
+    DeadLetterTask.objects.filter(task__in=[t.pk for t in tasks]).update(
+        replayed_at=now, replay_count=F("replay_count") + 1
+    )
+
+
+def _dead_letter(tasks: Sequence[Task], *, error: str, now: datetime) -> None:
+    _move(
+        tasks,
+        S.DEAD,
+        verb="dead_lettered",
+        now=now,
+        worker_id=tasks[0].claimed_by if len(tasks) == 1 else None,
+        error=error,
+        changes={"last_error": error, "finished_at": now},
+    )
+    for task in tasks:
+        # One entry per task: a replayed task that dies again updates its entry.
+        DeadLetterTask.objects.update_or_create(
+            task=task,
+            defaults={
+                "queue_id": task.queue_id,
+                "payload": task.payload,
+                "last_error": error,
+                "attempts": task.attempts,
+                "died_at": now,
+            },
+        )
+
+
+def _move(
+    tasks: Sequence[Task],
+    to_status: str,
+    *,
+    verb: str,
+    now: datetime | None = None,
+    worker_id: str | None = None,
+    error: str | None = None,
+    changes: dict[str, Any] | Changes | None = None,
+) -> None:
+    """Move locked tasks to `to_status`, all or none.
+
+    Raises:
+        InvalidTransition: a task's status does not allow the move, or changed
+            under us (the caller did not hold the lock); nothing is written.
+    """
+    if not tasks:
+        return
+    now = now or timezone.now()
+    for task in tasks:
+        if not is_allowed(task.status, to_status):
+            raise InvalidTransition(
+                f"Task {task.pk} is {task.status}; it cannot become {to_status}."
+            )
+    from_statuses: list[str | None] = [task.status for task in tasks]
+    durations = [now - task.status_changed_at for task in tasks]
+    common = {"status": to_status, "updated_at": now, "status_changed_at": now}
+    if changes is None or isinstance(changes, dict):
+        # The same values for every task: one guarded UPDATE per from-status.
+        fields = {**common, **(changes or {})}
+        by_status: dict[str, list[Task]] = {}
+        for task in tasks:
+            by_status.setdefault(task.status, []).append(task)
+        for from_status, group in by_status.items():
+            ids = [task.pk for task in group]
+            updated = Task.objects.filter(pk__in=ids, status=from_status).update(**fields)
+            if updated != len(set(ids)):
+                raise InvalidTransition("A task changed status concurrently.")
+        for task in tasks:
+            for name, value in fields.items():
+                setattr(task, name, value)
+    else:
+        for task in tasks:
+            fields = {**common, **changes(task)}
+            updated = Task.objects.filter(pk=task.pk, status=task.status).update(**fields)
+            if updated != 1:
+                raise InvalidTransition(f"Task {task.pk} changed status concurrently.")
+            for name, value in fields.items():
+                setattr(task, name, value)
+    _record(
+        tasks,
+        from_statuses=from_statuses,
+        verb=verb,
+        now=now,
+        worker_id=worker_id,
+        error=error,
+        durations=durations,
+    )
+
+
+def _record(
+    tasks: Sequence[Task],
+    *,
+    from_statuses: Sequence[str | None],
+    verb: str,
+    now: datetime,
+    worker_id: str | None = None,
+    error: str | None = None,
+    durations: Iterable[timedelta | None] | None = None,
+) -> None:
+    """Write one event per task now, and one log line per task on commit."""
+    TaskEvent.objects.bulk_create(
+        TaskEvent(
+            task_id=task.pk,
+            queue_id=task.queue_id,
+            at=now,
+            from_status=from_status,
+            to_status=task.status,
+            worker_id=worker_id,
+            attempt=task.attempts,
+            error=error,
+        )
+        for task, from_status in zip(tasks, from_statuses, strict=True)
+    )
+    durations = list(durations) if durations is not None else [None] * len(tasks)
+    lines = [
+        {
+            "task_id": str(task.pk),
+            "queue": task.queue.name,
+            "worker_id": worker_id,
+            "from_status": from_status,
+            "to_status": task.status,
+            "attempt": task.attempts,
+            "duration_ms": None if duration is None else round(duration.total_seconds() * 1000, 3),
+        }
+        for task, from_status, duration in zip(tasks, from_statuses, durations, strict=True)
+    ]
+    event = f"task.{verb}"
+    transaction.on_commit(lambda: _log(event, lines))
+
+
+def _log(event: str, lines: list[dict[str, Any]]) -> None:
+    for line in lines:
+        logger.info(event, extra=line)
