@@ -6,12 +6,11 @@ Models hold data, constraints and read queries.  Status is written only by
 
 from __future__ import annotations
 
-import uuid
-
 from django.db import models
 from django.db.models import Q
 
 from queues.models import MAX_RETRIES_LIMIT, Queue
+from taskforge.lib.ids import uuid7
 
 
 class TaskStatus(models.TextChoices):
@@ -43,7 +42,8 @@ class TaskQuerySet(models.QuerySet["Task"]):
 class Task(models.Model):
     Status = TaskStatus
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Time-ordered: ties in (priority, scheduled_at) dispatch in creation order.
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="tasks", db_index=False)
     payload = models.JSONField()
     status = models.CharField(max_length=16, choices=TaskStatus.choices, editable=False)
@@ -90,9 +90,9 @@ class Task(models.Model):
                 fields=["queue", "status", "priority", "scheduled_at"], name="task_queue_status_idx"
             ),
             # Used by the dispatcher's SKIP LOCKED select of due pending tasks;
-            # keep in sync with its ORDER BY (priority, scheduled_at).
+            # keep in sync with its ORDER BY (priority, scheduled_at, id).
             models.Index(
-                fields=["queue", "priority", "scheduled_at"],
+                fields=["queue", "priority", "scheduled_at", "id"],
                 name="task_pending_due_idx",
                 condition=Q(status="pending"),
             ),
