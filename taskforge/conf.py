@@ -18,6 +18,8 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "RETRY_BASE_MS": (int, 1000),
     "RETRY_MAX_DELAY_MS": (int, 3_600_000),
     "SCHEDULER_TICK_SECONDS": (float, 1.0),
+    "DISPATCHER_TICK_SECONDS": (float, 1.0),  # fallback; NOTIFY wakes it sooner
+    "BUFFER_SIZE": (int, 1000),  # buffered (claimed) tasks per queue in Redis
     "HEARTBEAT_TIMEOUT_SECONDS": (float, 30.0),
     "WATCHDOG_INTERVAL_SECONDS": (float, 15.0),
     "BUFFER_RECONCILE_SECONDS": (float, 30.0),

@@ -87,8 +87,18 @@ DATABASES = {"default": env.db("DATABASE_URL")}
 DATABASES["default"].setdefault("OPTIONS", {})
 # Fail fast when Postgres is unreachable: requests answer 503 instead of hanging.
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# A connection pool per process (psycopg_pool): threads of a gunicorn worker
+# that sit in long polls share a few connections instead of holding one each.
+DATABASE_POOL_MAX = env.int("DATABASE_POOL_MAX", default=16)
+if DATABASE_POOL_MAX > 0:
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": 1,
+        "max_size": DATABASE_POOL_MAX,
+        "timeout": 10,
+    }
+else:
+    DATABASES["default"]["CONN_MAX_AGE"] = 60
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 REDIS_URL = env("REDIS_URL")
 CACHES = {

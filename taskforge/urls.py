@@ -4,9 +4,11 @@ from django.contrib import admin
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from dlq.api import views as dlq_views
 from queues.api import views as queue_views
 from taskforge.api import health
 from tasks.api import views as task_views
+from workers.api import views as worker_views
 
 handler400 = "taskforge.api.handlers.bad_request"
 handler403 = "taskforge.api.handlers.permission_denied"
@@ -32,6 +34,21 @@ urlpatterns = [
         task_views.TaskEventsView.as_view(),
         name="task-events",
     ),
+    path(f"{Q}/dlq", dlq_views.DlqListView.as_view(), name="dlq-list"),
+    path(f"{Q}/dlq/replay", dlq_views.DlqBulkReplayView.as_view(), name="dlq-replay-bulk"),
+    path(f"{Q}/dlq/<str:task_id>", dlq_views.DlqEntryView.as_view(), name="dlq-entry"),
+    path(f"{Q}/dlq/<str:task_id>/replay", dlq_views.DlqReplayOneView.as_view(), name="dlq-replay"),
+    path("workers", worker_views.WorkerListView.as_view(), name="worker-list"),
+    path("workers/claim", worker_views.ClaimView.as_view(), name="worker-claim"),
+    path("workers/heartbeat", worker_views.HeartbeatView.as_view(), name="worker-heartbeat"),
+    path(
+        "workers/heartbeat/batch",
+        worker_views.HeartbeatBatchView.as_view(),
+        name="worker-heartbeat-batch",
+    ),
+    path("workers/ack", worker_views.AckView.as_view(), name="worker-ack"),
+    path("workers/ack/batch", worker_views.AckBatchView.as_view(), name="worker-ack-batch"),
+    path("workers/nack", worker_views.NackView.as_view(), name="worker-nack"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("admin/", admin.site.urls),

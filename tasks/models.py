@@ -96,6 +96,12 @@ class Task(models.Model):
                 name="task_pending_due_idx",
                 condition=Q(status="pending"),
             ),
+            # Used by the scheduler to find delayed pending tasks that came due.
+            models.Index(
+                fields=["scheduled_at"],
+                name="task_pending_sched_idx",
+                condition=Q(status="pending"),
+            ),
             # Used by the scheduler to find retry tasks whose time has come.
             models.Index(
                 fields=["scheduled_at"], name="task_retry_due_idx", condition=Q(status="retry")

@@ -21,11 +21,13 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from dlq.models import DeadLetterTask
+from queues.models import Queue
+from tasks import sql
 from tasks.exceptions import InvalidTransition
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.retry import next_attempt_at
@@ -104,6 +106,58 @@ def hand_out(tasks: Sequence[Task], *, worker_id: str, now: datetime | None = No
             "heartbeat_at": now,
         },
     )
+
+
+def hand_out_ids(
+    ids: Sequence[str],
+    *,
+    worker_id: str,
+    queues: dict[Any, Queue],
+    now: datetime | None = None,
+) -> list[Task]:
+    """claimed -> executing for buffered ids a claim popped, in one statement.
+
+    Ids that are no longer `claimed` are skipped (the status guard is the
+    fence against duplicates in the buffer).  Returns the handed-out tasks in
+    the order of `ids`.  Caller contract: autocommit or inside `atomic()`;
+    `queues` maps queue ids to queues (for names in log lines).
+    """
+    if not ids:
+        return []
+    now = now or timezone.now()
+    moved = _run(sql.HAND_OUT, {"ids": list(ids), "worker_id": worker_id, "now": now}, queues)
+    order = {str(task_id): index for index, task_id in enumerate(ids)}
+    moved.sort(key=lambda task: order[str(task.pk)])
+    _log_rows(moved, S.CLAIMED, verb="handed_out", now=now, worker_id=worker_id)
+    return moved
+
+
+def ack_many(
+    items: Sequence[tuple[str, int | None, str | None]],
+    *,
+    worker_id: str,
+    queues: dict[Any, Queue] | None = None,
+    now: datetime | None = None,
+) -> list[Task]:
+    """executing -> done for `(task_id, attempt or None, result JSON text or None)` items.
+
+    Each item is guarded by holder (`claimed_by == worker_id`) and attempt;
+    items that fail the guard are skipped, and the caller tells why.  Returns
+    the acked tasks (any order), in one statement.
+    """
+    if not items:
+        return []
+    now = now or timezone.now()
+    params = {
+        "worker_id": worker_id,
+        "now": now,
+        "ids": [item[0] for item in items],
+        "attempts": [item[1] for item in items],
+        "results": [item[2] for item in items],
+    }
+    moved = _run(sql.ACK, params, queues)
+    _log_rows(moved, S.EXECUTING, verb="acked", now=now, worker_id=worker_id)
+    return moved
 
 
 def ack(task: Task, *, result: Any = None, now: datetime | None = None) -> None:
@@ -294,6 +348,41 @@ def _record(
         for task, from_status in zip(tasks, from_statuses, strict=True)
     )
     durations = list(durations) if durations is not None else [None] * len(tasks)
+    _log_on_commit(f"task.{verb}", tasks, from_statuses, durations, worker_id)
+    if tasks and tasks[0].status == S.PENDING:
+        _wake_dispatchers(tasks, now)
+
+
+def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) -> list[Task]:
+    tasks = list(Task.objects.raw(query, params))
+    missing = {task.queue_id for task in tasks} - set(queues or {})
+    if missing:
+        queues = {**(queues or {}), **Queue.objects.in_bulk(missing)}
+    for task in tasks:
+        task.queue = queues[task.queue_id]  # type: ignore[index]
+    return tasks
+
+
+def _log_rows(
+    tasks: Sequence[Task], from_status: str, *, verb: str, now: datetime, worker_id: str | None
+) -> None:
+    """Log lines for tasks moved by one SQL statement (it wrote their events)."""
+    _log_on_commit(
+        f"task.{verb}",
+        tasks,
+        [from_status] * len(tasks),
+        [now - task.previous_changed_at for task in tasks],
+        worker_id,
+    )
+
+
+def _log_on_commit(
+    event: str,
+    tasks: Sequence[Task],
+    from_statuses: Sequence[str | None],
+    durations: Sequence[timedelta | None],
+    worker_id: str | None,
+) -> None:
     lines = [
         {
             "task_id": str(task.pk),
@@ -306,8 +395,16 @@ def _record(
         }
         for task, from_status, duration in zip(tasks, from_statuses, durations, strict=True)
     ]
-    event = f"task.{verb}"
     transaction.on_commit(lambda: _log(event, lines))
+
+
+def _wake_dispatchers(tasks: Sequence[Task], now: datetime) -> None:
+    """NOTIFY the dispatchers of queues that got due pending tasks (sent on commit)."""
+    queue_ids = sorted({str(task.queue_id) for task in tasks if task.scheduled_at <= now})
+    if queue_ids:
+        with connection.cursor() as cursor:
+            for queue_id in queue_ids:
+                cursor.execute(sql.NOTIFY_DISPATCH, {"queue_id": queue_id})
 
 
 def _log(event: str, lines: list[dict[str, Any]]) -> None:

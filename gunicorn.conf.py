@@ -1,0 +1,29 @@
+"""gunicorn settings for the TaskForge API.
+
+Long polls (`POST /workers/claim` with `wait_seconds` up to 30) hold a
+request open while waiting; threaded workers (gthread) let one process hold
+many of them while other requests go on.  Each process starts one Redis
+subscriber thread that wakes its waiting polls.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+bind = os.environ.get("TASKFORGE_BIND", "0.0.0.0:8080")
+worker_class = "gthread"
+workers = int(os.environ.get("TASKFORGE_WEB_WORKERS", multiprocessing.cpu_count()))
+# Idle long polls cost a thread each (no CPU); size for the workers you run.
+threads = int(os.environ.get("TASKFORGE_WEB_THREADS", 32))
+# A long poll lasts at most 30 s; past 60 s a request is stuck, not waiting.
+timeout = 60
+graceful_timeout = 35
+keepalive = 30
+# Request logs go through Django's JSON logging; gunicorn's own errors to stderr.
+accesslog = None
+errorlog = "-"
+loglevel = os.environ.get("LOG_LEVEL", "info").lower()
+# Recycle workers now and then so a slow leak cannot grow without bound.
+max_requests = 100_000
+max_requests_jitter = 10_000

@@ -1,0 +1,197 @@
+"""The Redis side of dispatch: every key name and Lua script lives here.
+
+Per queue, with the queue id as hash tag so one script touches one slot and
+TaskForge runs unchanged on Redis Cluster:
+
+- `tf:{<queue-id>}:ready`  sorted set of buffered task ids (status `claimed`
+  in Postgres), scored by priority then `scheduled_at` (see `score`).
+- `tf:{<queue-id>}:bucket` hash `{tokens, ts}`: the queue's token bucket.
+
+and one pub/sub channel, `tf:wake`, on which the dispatcher names the queues
+it just filled so waiting long polls try again at once.
+
+Redis is only a buffer: Postgres says what a task's status is.  Losing any
+of these keys loses no task; the watchdog's reconcile puts `claimed` tasks
+that are missing from their set back in.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import redis
+from django.conf import settings
+
+WAKE_CHANNEL = "tf:wake"
+# Set once by a dispatcher; its absence means Redis lost its data.
+EPOCH_KEY = "tf:epoch"
+
+# priority (1..10) * 1e13 + scheduled_at in ms (~1.8e12 today, < 1e13 until
+# year 2286): exact in a double, and orders by priority, then time.
+_PRIORITY_WEIGHT = 10**13
+
+
+def ready_key(queue_id: uuid.UUID | str) -> str:
+    return f"tf:{{{queue_id}}}:ready"
+
+
+def bucket_key(queue_id: uuid.UUID | str) -> str:
+    return f"tf:{{{queue_id}}}:bucket"
+
+
+def score(priority: int, scheduled_at: datetime) -> int:
+    """Lower is handed out first: priority, then scheduled_at; ties by id (UUIDv7)."""
+    return priority * _PRIORITY_WEIGHT + int(scheduled_at.timestamp() * 1000)
+
+
+# KEYS[1] ready set, KEYS[2] bucket; ARGV[1] how many at most, ARGV[2] rate
+# per second (0: unlimited).  Returns {ids, wait_ms}: wait_ms > 0 when the
+# bucket is empty and tells when the next token is due.
+#
+# A bucket of capacity R refilled at R/s hands out at most R*T + R tasks over
+# any T seconds (API.md).  Time comes from the Redis server, so every API
+# process shares one clock.
+_TAKE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local want = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+if rate <= 0 then
+  local popped = redis.call('ZPOPMIN', KEYS[1], want)
+  local ids = {}
+  for i = 1, #popped, 2 do ids[#ids + 1] = popped[i] end
+  return {ids, 0}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local state = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
+local tokens = tonumber(state[1])
+local ts = tonumber(state[2])
+if tokens == nil or ts == nil then
+  tokens = rate
+  ts = now
+end
+if now > ts then
+  tokens = math.min(rate, tokens + (now - ts) * rate / 1000)
+end
+local take = math.min(want, math.floor(tokens))
+local ids = {}
+if take >= 1 then
+  local popped = redis.call('ZPOPMIN', KEYS[1], take)
+  for i = 1, #popped, 2 do ids[#ids + 1] = popped[i] end
+  tokens = tokens - #ids
+end
+redis.call('HSET', KEYS[2], 'tokens', tostring(tokens), 'ts', tostring(now))
+redis.call('PEXPIRE', KEYS[2], 3600000)
+if #ids == 0 and tokens < 1 then
+  return {ids, math.ceil((1 - tokens) * 1000 / rate)}
+end
+return {ids, 0}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    ids: list[str]
+    wait_ms: int  # > 0: rate-limited; try again after this long
+
+
+class Buffer:
+    """The per-queue dispatch buffer in Redis."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._take = client.register_script(_TAKE)
+
+    def push(self, queue_id: uuid.UUID | str, items: Iterable[tuple[str, int]]) -> int:
+        """Add `(task_id, score)` pairs; an id already there keeps its place."""
+        mapping = {task_id: task_score for task_id, task_score in items}
+        if not mapping:
+            return 0
+        return int(self.client.zadd(ready_key(queue_id), mapping, nx=True))
+
+    def take(self, queue_id: uuid.UUID | str, limit: int, rate_limit: int | None) -> Taken:
+        """Pop up to `limit` ids in order, as the queue's token bucket allows."""
+        ids, wait_ms = self._take(
+            keys=[ready_key(queue_id), bucket_key(queue_id)], args=[limit, rate_limit or 0]
+        )
+        return Taken([_text(i) for i in ids], int(wait_ms))
+
+    def remove(self, queue_id: uuid.UUID | str, task_ids: Sequence[str]) -> int:
+        if not task_ids:
+            return 0
+        return int(self.client.zrem(ready_key(queue_id), *task_ids))
+
+    def present(self, queue_id: uuid.UUID | str, task_ids: Sequence[str]) -> list[bool]:
+        """Which of `task_ids` are in the queue's set (one round trip)."""
+        if not task_ids:
+            return []
+        scores = self.client.zmscore(ready_key(queue_id), list(task_ids))
+        return [value is not None for value in scores]
+
+    def pop_all(self, queue_id: uuid.UUID | str, limit: int = 100_000) -> list[str]:
+        return [_text(m) for m, _ in self.client.zpopmin(ready_key(queue_id), limit)]
+
+    def worst_score(self, queue_id: uuid.UUID | str) -> int | None:
+        """Score of the least urgent buffered task, or None when empty."""
+        last = self.client.zrange(ready_key(queue_id), -1, -1, withscores=True)
+        return int(last[0][1]) if last else None
+
+    def pop_worst(self, queue_id: uuid.UUID | str, count: int) -> list[str]:
+        return [_text(m) for m, _ in self.client.zpopmax(ready_key(queue_id), count)]
+
+    def ensure_epoch(self) -> bool:
+        """Mark this Redis as known; True when the mark was missing (data lost)."""
+        return bool(self.client.set(EPOCH_KEY, str(time.time()), nx=True))
+
+    def size(self, queue_id: uuid.UUID | str) -> int:
+        return int(self.client.zcard(ready_key(queue_id)))
+
+    def wake(self, queue_ids: Iterable[uuid.UUID | str]) -> None:
+        """Tell waiting long polls that these queues have work."""
+        names = ",".join(str(q) for q in queue_ids)
+        if names:
+            self.client.publish(WAKE_CHANNEL, names)
+
+    def forget_queue(self, queue_id: uuid.UUID | str) -> None:
+        self.client.delete(ready_key(queue_id), bucket_key(queue_id))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+_local = threading.local()
+_pid = 0
+_client: redis.Redis | None = None
+_client_lock = threading.Lock()
+
+
+def get_client() -> redis.Redis:
+    """This process's Redis client (one connection pool, rebuilt after fork)."""
+    global _client, _pid
+    if _client is None or _pid != os.getpid():
+        with _client_lock:
+            if _client is None or _pid != os.getpid():
+                _client = redis.Redis.from_url(
+                    settings.REDIS_URL,
+                    socket_connect_timeout=2,
+                    socket_timeout=5,
+                    health_check_interval=30,
+                    retry_on_timeout=False,
+                )
+                _pid = os.getpid()
+    return _client
+
+
+def get_buffer() -> Buffer:
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None or buffer.client is not get_client():
+        buffer = Buffer(get_client())
+        _local.buffer = buffer
+    return buffer

@@ -1,0 +1,177 @@
+"""The dispatcher: moves due `pending` tasks into their queue's Redis buffer.
+
+Per queue and batch: one short transaction selects due pending tasks with
+`SELECT ... FOR UPDATE SKIP LOCKED` in hand-out order and marks them
+`claimed` (through `transitions.buffer`); after commit they are pushed to
+Redis and waiting claims are woken.  A push that fails puts the tasks back
+to `pending` at once; one that never happens (the process died) is repaired
+by the reconcile.
+
+It wakes on `NOTIFY taskforge_dispatch` (sent by every transaction that makes
+a task due and pending), so enqueue-to-claimable does not wait for a tick;
+the tick (TASKFORGE_DISPATCHER_TICK_SECONDS) is only the fallback.
+
+Each queue's buffer holds at most TASKFORGE_BUFFER_SIZE tasks so Redis holds
+the head of each backlog, not all of it.  When the buffer is full and a
+more urgent task arrives, it goes in and the least urgent buffered task goes
+back to `pending`, so hand-out order stays exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from django.db import connection, transaction
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from queues.models import Queue
+from taskforge.conf import conf
+from taskforge.lib.loop import SLEEP_SLICE, Loop
+from tasks import sql, transitions
+from tasks.buffer import get_buffer, score
+from tasks.models import Task, TaskStatus
+from tasks.reconcile import rebuffer_missing
+
+logger = logging.getLogger(__name__)
+
+S = TaskStatus
+BATCH = 500
+
+
+class DispatcherLoop(Loop):
+    name = "dispatcher"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._listening_on: object = None
+        self._woken: set[str] = set()  # queue ids named by NOTIFY since the last tick
+        self._more: set[str] = set()  # queue ids whose last batch was full
+        self._next_full_pass = 0.0
+
+    @property
+    def interval(self) -> float:
+        return conf.DISPATCHER_TICK_SECONDS
+
+    def tick(self) -> bool:
+        """Dispatch the queues named by notifications, or all of them when due."""
+        if get_buffer().ensure_epoch():
+            # Redis lost its data (or this is its first use): restore every
+            # claimed task's buffer entry now rather than after the reconcile delay.
+            rebuffer_missing(claimed_before=None)
+        queues = Queue.objects.all()
+        if time.monotonic() >= self._next_full_pass:
+            self._next_full_pass = time.monotonic() + self.interval
+        else:
+            queues = queues.filter(id__in=self._woken | self._more)
+        self._woken = set()
+        self._more = set()
+        for queue in queues:
+            if queue.paused:
+                self.drain(queue)
+            elif self.dispatch(queue):
+                self._more.add(str(queue.id))
+        return bool(self._more)
+
+    def dispatch(self, queue: Queue) -> bool:
+        """Buffer one batch of the queue's due pending tasks; True if more may wait."""
+        buffer = get_buffer()
+        room = conf.BUFFER_SIZE - buffer.size(queue.id)
+        if room <= 0:
+            return self._preempt(queue)
+        limit = min(BATCH, room)
+        tasks = self._select_and_buffer(queue, limit)
+        if not tasks:
+            return False
+        self._push(queue, tasks)
+        return len(tasks) == limit
+
+    def drain(self, queue: Queue) -> None:
+        """Take a paused queue's buffered tasks back to `pending`."""
+        ids = get_buffer().pop_all(queue.id)
+        if ids:
+            self._unbuffer(queue, ids)
+
+    def _select_and_buffer(
+        self, queue: Queue, limit: int, *, better_than: int | None = None
+    ) -> list[Task]:
+        now = timezone.now()
+        with transaction.atomic():
+            # Uses task_pending_due_idx, in its order; SKIP LOCKED lets any
+            # number of dispatchers share a queue without waiting on each other.
+            tasks = list(
+                Task.objects.select_for_update(skip_locked=True, no_key=True)
+                .filter(queue=queue, status=S.PENDING, scheduled_at__lte=now)
+                .order_by("priority", "scheduled_at", "id")[:limit]
+            )
+            if better_than is not None:
+                tasks = [t for t in tasks if score(t.priority, t.scheduled_at) < better_than]
+            for task in tasks:
+                task.queue = queue
+            transitions.buffer(tasks, now=now)
+        return tasks
+
+    def _push(self, queue: Queue, tasks: Sequence[Task]) -> None:
+        buffer = get_buffer()
+        try:
+            buffer.push(queue.id, [(str(t.pk), score(t.priority, t.scheduled_at)) for t in tasks])
+        except RedisError:
+            # Back to pending now rather than after the reconcile delay.
+            self._unbuffer(queue, [str(t.pk) for t in tasks])
+            raise
+        buffer.wake([str(queue.id)])
+
+    def _preempt(self, queue: Queue) -> bool:
+        """Swap the buffer's least urgent tasks for more urgent pending ones."""
+        buffer = get_buffer()
+        worst = buffer.worst_score(queue.id)
+        if worst is None:
+            return False
+        better = self._select_and_buffer(queue, BATCH, better_than=worst)
+        if not better:
+            return False
+        self._push(queue, better)
+        evicted = buffer.pop_worst(queue.id, len(better))
+        self._unbuffer(queue, evicted)
+        return True
+
+    def _unbuffer(self, queue: Queue, ids: Sequence[str]) -> None:
+        with transaction.atomic():
+            tasks = list(
+                Task.objects.select_for_update(no_key=True)
+                .filter(pk__in=ids, status=S.CLAIMED)
+                .order_by("id")
+            )
+            for task in tasks:
+                task.queue = queue
+            transitions.unbuffer(tasks)
+
+    def wait(self, seconds: float) -> None:
+        """Sleep until a NOTIFY names a queue, the tick is due, or we stop."""
+        deadline = time.monotonic() + min(seconds, self._next_full_pass - time.monotonic())
+        try:
+            pg = self._listen()
+            while not self.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                for notice in pg.notifies(timeout=min(SLEEP_SLICE, left), stop_after=64):
+                    self._woken.add(notice.payload)
+                if self._woken:
+                    return
+        except Exception:
+            # The connection broke; the next tick reconnects. Sleep the rest.
+            connection.close()
+            self._listening_on = None
+            super().wait(max(0.0, deadline - time.monotonic()))
+
+    def _listen(self):  # type: ignore[no-untyped-def]
+        connection.ensure_connection()
+        pg = connection.connection
+        if self._listening_on is not pg:
+            with connection.cursor() as cursor:
+                cursor.execute(f"LISTEN {sql.DISPATCH_CHANNEL}")
+            self._listening_on = pg
+        return pg

@@ -1,0 +1,68 @@
+"""Putting `claimed` tasks that Redis lost back into their buffers.
+
+Postgres says a task is `claimed` (buffered, no worker yet); Redis may have
+lost it (a restart without persistence, a FLUSHALL, a claim whose process
+died between its pop and its UPDATE).  `rebuffer_missing` finds such tasks
+and pushes them again.  Pushing is idempotent (ZADD NX) and a duplicate is
+harmless: the hand-out's status guard drops an id that is no longer claimed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from datetime import datetime
+
+from tasks.buffer import get_buffer, score
+from tasks.models import Task, TaskStatus
+
+logger = logging.getLogger(__name__)
+
+BATCH = 2000
+
+
+def rebuffer_missing(*, claimed_before: datetime | None, limit: int = 50_000) -> int:
+    """Re-push claimed tasks missing from Redis; return how many were missing.
+
+    `claimed_before=None` checks every claimed task (after Redis lost its
+    data); otherwise only those buffered before that time, which the
+    dispatcher has certainly pushed already.  Reads in keyset batches over
+    task_claimed_since_idx; holds no lock and no transaction.
+    """
+    buffer = get_buffer()
+    restored = 0
+    woken: set[str] = set()
+    after: tuple[datetime, str] | None = None
+    seen = 0
+    while seen < limit:
+        rows = Task.objects.filter(status=TaskStatus.CLAIMED)
+        if claimed_before is not None:
+            rows = rows.filter(status_changed_at__lt=claimed_before)
+        if after is not None:
+            rows = rows.filter(status_changed_at__gte=after[0]).exclude(
+                status_changed_at=after[0], id__lte=after[1]
+            )
+        batch = list(
+            rows.order_by("status_changed_at", "id").values_list(
+                "id", "queue_id", "priority", "scheduled_at", "status_changed_at"
+            )[:BATCH]
+        )
+        if not batch:
+            break
+        seen += len(batch)
+        after = (batch[-1][4], str(batch[-1][0]))
+        by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for task_id, queue_id, priority, scheduled_at, _ in batch:
+            by_queue[str(queue_id)].append((str(task_id), score(priority, scheduled_at)))
+        for queue_id, items in by_queue.items():
+            present = buffer.present(queue_id, [task_id for task_id, _ in items])
+            missing = [item for item, here in zip(items, present, strict=True) if not here]
+            if missing:
+                restored += buffer.push(queue_id, missing)
+                woken.add(queue_id)
+        if len(batch) < BATCH:
+            break
+    if restored:
+        logger.warning("buffer.reconciled", extra={"restored": restored})
+        buffer.wake(woken)
+    return restored

@@ -1,0 +1,97 @@
+"""Raw SQL for the hot paths, where the ORM would need several round trips.
+
+Each statement moves tasks and writes their events in one round trip: a CTE
+locks the rows, updates them guarded by their old status, and inserts one
+`tasks_taskevent` row per moved task.  Only `tasks.transitions` runs these.
+"""
+
+from __future__ import annotations
+
+# Columns of tasks_task selected back into Task instances (Task.objects.raw).
+TASK_COLUMNS = """
+    t.id, t.queue_id, t.payload, t.status, t.priority, t.scheduled_at, t.claimed_at,
+    t.claimed_by, t.heartbeat_at, t.attempts, t.max_retries, t.last_error, t.result,
+    t.idempotency_key, t.created_at, t.updated_at, t.status_changed_at, t.finished_at
+"""
+
+# -- hand_out --
+# claimed -> executing for the ids a claim popped from the buffer.  Ids no
+# longer `claimed` (cancelled, or handed out through a duplicate buffer
+# entry) are skipped: the status guard is the fence.  Also records that the
+# worker was seen.  Params: ids (uuid[]), worker_id, now.
+HAND_OUT = f"""
+WITH cur AS (
+    SELECT id, status_changed_at FROM tasks_task
+    WHERE id = ANY(%(ids)s) AND status = 'claimed'
+    ORDER BY id
+    FOR NO KEY UPDATE
+), moved AS (
+    UPDATE tasks_task t
+    SET status = 'executing', attempts = t.attempts + 1, claimed_by = %(worker_id)s,
+        claimed_at = %(now)s, heartbeat_at = %(now)s, updated_at = %(now)s,
+        status_changed_at = %(now)s
+    FROM cur
+    WHERE t.id = cur.id AND t.status = 'claimed'
+    RETURNING {TASK_COLUMNS}, cur.status_changed_at AS previous_changed_at
+), events AS (
+    INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt)
+    SELECT id, queue_id, %(now)s, 'claimed', 'executing', %(worker_id)s, attempts FROM moved
+)
+SELECT * FROM moved
+"""
+
+# -- ack --
+# executing -> done for the items of one worker, each guarded by holder and,
+# when given, attempt.  Params: worker_id, now, ids (uuid[]), attempts
+# (int[], NULL for "any"), results (jsonb[] as text[]; NULL for none).
+ACK = f"""
+WITH items AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(results)s::text[])
+        AS i(id, attempt, result)
+), cur AS (
+    SELECT t.id, t.status_changed_at, i.result FROM tasks_task t JOIN items i ON i.id = t.id
+    WHERE t.status = 'executing' AND t.claimed_by = %(worker_id)s
+      AND (i.attempt IS NULL OR t.attempts = i.attempt)
+    ORDER BY t.id
+    FOR NO KEY UPDATE OF t
+), moved AS (
+    UPDATE tasks_task t
+    SET status = 'done', result = cur.result::jsonb, finished_at = %(now)s,
+        updated_at = %(now)s, status_changed_at = %(now)s
+    FROM cur
+    WHERE t.id = cur.id AND t.status = 'executing'
+    RETURNING {TASK_COLUMNS}, cur.status_changed_at AS previous_changed_at
+), events AS (
+    INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt)
+    SELECT id, queue_id, %(now)s, 'executing', 'done', %(worker_id)s, attempts FROM moved
+)
+SELECT * FROM moved
+"""
+
+# -- heartbeat --
+# Extend the lease of tasks the worker holds.  Params: worker_id, now, ids
+# (uuid[]), attempts (int[], NULL for "any").
+HEARTBEAT = """
+WITH items AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS i(id, attempt)
+)
+UPDATE tasks_task t SET heartbeat_at = %(now)s
+FROM items i
+WHERE t.id = i.id AND t.status = 'executing' AND t.claimed_by = %(worker_id)s
+  AND (i.attempt IS NULL OR t.attempts = i.attempt)
+RETURNING t.id, t.heartbeat_at
+"""
+
+# -- seen --
+# Upsert the worker's last_seen_at, at most once a second per worker.
+WORKER_SEEN = """
+INSERT INTO workers_worker (worker_id, last_seen_at) VALUES (%(worker_id)s, %(now)s)
+ON CONFLICT (worker_id) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at
+WHERE workers_worker.last_seen_at < EXCLUDED.last_seen_at - interval '1 second'
+"""
+
+# -- notify --
+# Wake the dispatchers (LISTEN taskforge_dispatch): delivered on commit, so a
+# dispatcher never looks before the task is visible.
+NOTIFY_DISPATCH = "SELECT pg_notify('taskforge_dispatch', %(queue_id)s)"
+DISPATCH_CHANNEL = "taskforge_dispatch"

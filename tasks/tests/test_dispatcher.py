@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import redis
+from django.utils import timezone
+
+from queues.tests.factories import QueueFactory
+from tasks import buffer as buffer_module
+from tasks.buffer import get_buffer
+from tasks.dispatcher import DispatcherLoop
+from tasks.models import Task, TaskStatus
+from tasks.tests.factories import TaskFactory
+
+S = TaskStatus
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
+
+
+def statuses(*tasks: Task) -> list[str]:
+    return [Task.objects.get(pk=t.pk).status for t in tasks]
+
+
+def test_tick__buffers_due_tasks_in_hand_out_order() -> None:
+    queue = QueueFactory()
+    late = TaskFactory(queue=queue, priority=7)
+    urgent = TaskFactory(queue=queue, priority=2)
+    future = TaskFactory(queue=queue, scheduled_at=timezone.now() + timedelta(hours=1))
+    assert DispatcherLoop().tick() is False
+    assert statuses(late, urgent, future) == [S.CLAIMED, S.CLAIMED, S.PENDING]
+    assert get_buffer().take(queue.id, 10, None).ids == [str(urgent.pk), str(late.pk)]
+
+
+def test_tick__returns_true_while_a_full_batch_was_moved(monkeypatch) -> None:
+    from tasks import dispatcher
+
+    monkeypatch.setattr(dispatcher, "BATCH", 2)
+    queue = QueueFactory()
+    for _ in range(3):
+        TaskFactory(queue=queue)
+    loop = DispatcherLoop()
+    assert loop.tick() is True
+    assert loop.tick() is False
+    assert get_buffer().size(queue.id) == 3
+
+
+def test_tick__skips_paused_queues_and_drains_their_buffer() -> None:
+    queue = QueueFactory()
+    task = TaskFactory(queue=queue)
+    DispatcherLoop().tick()
+    queue.paused = True
+    queue.save()
+    waiting = TaskFactory(queue=queue)
+    DispatcherLoop().tick()
+    assert statuses(task, waiting) == [S.PENDING, S.PENDING]
+    assert get_buffer().size(queue.id) == 0
+
+
+def test_tick__full_buffer_admits_more_urgent_tasks(settings) -> None:
+    settings.TASKFORGE_BUFFER_SIZE = 2
+    queue = QueueFactory()
+    slow = [TaskFactory(queue=queue, priority=9) for _ in range(2)]
+    loop = DispatcherLoop()
+    loop.tick()
+    urgent = TaskFactory(queue=queue, priority=1)
+    loop._next_full_pass = 0
+    loop.tick()
+    assert statuses(urgent, *slow) == [S.CLAIMED, S.CLAIMED, S.PENDING]
+    assert get_buffer().take(queue.id, 10, None).ids == [str(urgent.pk), str(slow[0].pk)]
+
+
+def test_tick__redis_down_puts_tasks_back_to_pending(monkeypatch) -> None:
+    queue = QueueFactory()
+    task = TaskFactory(queue=queue)
+    get_buffer().ensure_epoch()
+    dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    monkeypatch.setattr(buffer_module, "get_buffer", lambda: buffer_module.Buffer(dead))
+    from tasks import dispatcher
+
+    monkeypatch.setattr(dispatcher, "get_buffer", lambda: buffer_module.Buffer(dead))
+    with pytest.raises(redis.exceptions.ConnectionError):
+        DispatcherLoop().tick()
+    assert statuses(task) == [S.PENDING]
+
+
+def test_tick__lost_redis_data_is_restored_at_once(redis_client: redis.Redis) -> None:
+    queue = QueueFactory()
+    task = TaskFactory(queue=queue)
+    DispatcherLoop().tick()
+    redis_client.flushdb()
+    DispatcherLoop().tick()
+    assert get_buffer().take(queue.id, 10, None).ids == [str(task.pk)]
+
+
+def test_run__stops_on_flag_and_once_runs_one_tick() -> None:
+    queue = QueueFactory()
+    task = TaskFactory(queue=queue)
+    loop = DispatcherLoop()
+    assert loop.run(once=True) == 0
+    assert statuses(task) == [S.CLAIMED]
+    loop.stopping = True
+    assert loop.run() == 0

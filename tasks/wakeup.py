@@ -1,0 +1,101 @@
+"""Long-poll wake-ups: one Redis subscriber thread per API process.
+
+A claim that found nothing registers interest in its queues and waits on an
+Event.  The dispatcher publishes the ids of queues it just filled on
+`tf:wake`; this process's listener thread sets the Events of every waiter on
+those queues, so a waiting claim tries again within milliseconds without
+polling Postgres.  Waiters also wake on their own at least once a second, so
+a lost message or a Redis restart costs at most that second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from tasks.buffer import WAKE_CHANNEL, get_client
+
+logger = logging.getLogger(__name__)
+
+_RECONNECT_DELAY = 1.0
+
+
+class Waiters:
+    """Events keyed by queue id; the listener thread sets them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_queue: dict[str, set[threading.Event]] = {}
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    @contextmanager
+    def interest(self, queue_ids: Iterable[str]) -> Iterator[threading.Event]:
+        """Register an Event for `queue_ids` for the duration of the block.
+
+        Register before looking for work, so a wake-up that lands between the
+        look and the wait is not missed.
+        """
+        self._ensure_listener()
+        event = threading.Event()
+        keys = [str(q) for q in queue_ids]
+        with self._lock:
+            for key in keys:
+                self._by_queue.setdefault(key, set()).add(event)
+        try:
+            yield event
+        finally:
+            with self._lock:
+                for key in keys:
+                    events = self._by_queue.get(key)
+                    if events is not None:
+                        events.discard(event)
+                        if not events:
+                            del self._by_queue[key]
+
+    def notify(self, queue_ids: Iterable[str]) -> None:
+        with self._lock:
+            events = [e for q in queue_ids for e in self._by_queue.get(q, ())]
+        for event in events:
+            event.set()
+
+    def _ensure_listener(self) -> None:
+        if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._listen, name="taskforge-wakeup", daemon=True
+                )
+                self._thread.start()
+
+    def _listen(self) -> None:
+        while True:
+            pubsub = None
+            try:
+                pubsub = get_client().pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(WAKE_CHANNEL)
+                while True:
+                    message = pubsub.get_message(timeout=5.0)
+                    if message is None:
+                        continue
+                    data = message.get("data")
+                    if isinstance(data, bytes):
+                        self.notify(data.decode().split(","))
+            except Exception as exc:
+                logger.warning("wakeup.listener_error", extra={"error": repr(exc)})
+                time.sleep(_RECONNECT_DELAY)
+            finally:
+                if pubsub is not None:
+                    try:
+                        pubsub.close()
+                    except Exception:
+                        logger.debug("wakeup.close_failed", exc_info=True)
+
+
+waiters = Waiters()

@@ -1,0 +1,232 @@
+"""The /workers endpoints of API.md: the worker protocol."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from taskforge.api.pagination import KeysetPaginator
+from taskforge.api.permissions import ADMIN, WORKER
+from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, error, errors, page_of
+from taskforge.conf import conf
+from taskforge.lib.timeutil import isoformat
+from tasks.api.serializers import task_to_dict
+from tasks.claiming import ClaimRequest, claim
+from tasks.models import Task, TaskStatus
+from workers import leases
+from workers.api.serializers import (
+    AckBatchSerializer,
+    AckSerializer,
+    BatchResultSerializer,
+    ClaimedTaskSerializer,
+    ClaimResultSerializer,
+    ClaimSerializer,
+    HeartbeatBatchSerializer,
+    HeartbeatResultSerializer,
+    HeartbeatSerializer,
+    NackSerializer,
+    WorkerSerializer,
+)
+from workers.models import Worker
+
+LEASE_LOST = {409: error("`lease_lost`: the worker does not hold this task's lease")}
+SEEN_WITHIN = timedelta(hours=1)
+
+
+def claimed_task(task: Task) -> dict[str, Any]:
+    body = task_to_dict(task)
+    body["lease_expires_at"] = isoformat(leases.lease_expires_at(task.heartbeat_at))
+    return body
+
+
+def _items(data: list[dict[str, Any]]) -> list[leases.Item]:
+    return [leases.Item(**item) for item in data]
+
+
+def _batch_result(outcome: leases.Outcome, *, lease: bool) -> dict[str, Any]:
+    if outcome.error is not None:
+        return {
+            "task_id": outcome.task_id,
+            "ok": False,
+            "error": {"code": outcome.error.code, "message": outcome.error.message},
+        }
+    result: dict[str, Any] = {"task_id": outcome.task_id, "ok": True}
+    if lease:
+        assert outcome.heartbeat_at is not None
+        result["status"] = TaskStatus.EXECUTING
+        result["lease_expires_at"] = isoformat(leases.lease_expires_at(outcome.heartbeat_at))
+    else:
+        assert outcome.task is not None
+        result["status"] = outcome.task.status
+    return result
+
+
+class ClaimView(APIView):
+    roles = {"POST": WORKER}
+
+    @extend_schema(
+        operation_id="workers_claim",
+        request=ClaimSerializer,
+        responses={200: ClaimResultSerializer, **errors(BODY_ERRORS, NOT_FOUND)},
+        description=(
+            "Hand out up to `max_tasks` tasks from the queues in the order given; with "
+            "`wait_seconds` > 0 and nothing available, wait for work (long poll)."
+        ),
+        tags=["workers"],
+    )
+    def post(self, request: Request) -> Response:
+        body = ClaimSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        tasks = claim(ClaimRequest(**body.validated_data))
+        return Response({"tasks": [claimed_task(task) for task in tasks]})
+
+
+class HeartbeatView(APIView):
+    roles = {"POST": WORKER}
+
+    @extend_schema(
+        operation_id="workers_heartbeat",
+        request=HeartbeatSerializer,
+        responses={200: HeartbeatResultSerializer, **errors(BODY_ERRORS, LEASE_LOST)},
+        tags=["workers"],
+    )
+    def post(self, request: Request) -> Response:
+        body = HeartbeatSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        worker_id = body.validated_data.pop("worker_id")
+        [outcome] = leases.heartbeat(worker_id, [leases.Item(**body.validated_data)])
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.heartbeat_at is not None
+        return Response(
+            {
+                "task_id": outcome.task_id,
+                "status": TaskStatus.EXECUTING,
+                "heartbeat_at": isoformat(outcome.heartbeat_at),
+                "lease_expires_at": isoformat(leases.lease_expires_at(outcome.heartbeat_at)),
+            }
+        )
+
+
+class AckView(APIView):
+    roles = {"POST": WORKER}
+
+    @extend_schema(
+        operation_id="workers_ack",
+        request=AckSerializer,
+        responses={200: ClaimedTaskSerializer, **errors(BODY_ERRORS, LEASE_LOST)},
+        description="Mark the task done. Repeating a successful ack answers 200 again.",
+        tags=["workers"],
+    )
+    def post(self, request: Request) -> Response:
+        body = AckSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        worker_id = body.validated_data.pop("worker_id")
+        [outcome] = leases.ack(worker_id, [leases.Item(**body.validated_data)])
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.task is not None
+        return Response(task_to_dict(outcome.task))
+
+
+class NackView(APIView):
+    roles = {"POST": WORKER}
+
+    @extend_schema(
+        operation_id="workers_nack",
+        request=NackSerializer,
+        responses={200: ClaimedTaskSerializer, **errors(BODY_ERRORS, LEASE_LOST)},
+        description=(
+            "Fail the attempt: the task goes to `retry` (backoff, or `retry_after_seconds`), "
+            'or `dead` when attempts are spent or `"retry": false`.'
+        ),
+        tags=["workers"],
+    )
+    def post(self, request: Request) -> Response:
+        body = NackSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        task = leases.nack(
+            data["worker_id"],
+            leases.Item(data["task_id"], data.get("attempt")),
+            error=data["error"],
+            retry=data["retry"],
+            retry_after_seconds=data.get("retry_after_seconds"),
+        )
+        return Response(task_to_dict(task))
+
+
+class HeartbeatBatchView(APIView):
+    roles = {"POST": WORKER}
+
+    @extend_schema(
+        operation_id="workers_heartbeat_batch",
+        request=HeartbeatBatchSerializer,
+        responses={200: BatchResultSerializer, **errors(BODY_ERRORS)},
+        tags=["workers"],
+    )
+    def post(self, request: Request) -> Response:
+        body = HeartbeatBatchSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        outcomes = leases.heartbeat(
+            body.validated_data["worker_id"], _items(body.validated_data["items"])
+        )
+        return Response({"results": [_batch_result(o, lease=True) for o in outcomes]})
+
+
+class AckBatchView(APIView):
+    roles = {"POST": WORKER}
+
+    @extend_schema(
+        operation_id="workers_ack_batch",
+        request=AckBatchSerializer,
+        responses={200: BatchResultSerializer, **errors(BODY_ERRORS)},
+        tags=["workers"],
+    )
+    def post(self, request: Request) -> Response:
+        body = AckBatchSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        outcomes = leases.ack(
+            body.validated_data["worker_id"], _items(body.validated_data["items"])
+        )
+        return Response({"results": [_batch_result(o, lease=False) for o in outcomes]})
+
+
+class WorkerListView(APIView):
+    roles = {"GET": ADMIN}
+
+    @extend_schema(
+        operation_id="workers_list",
+        responses={200: page_of(WorkerSerializer, "WorkerPage"), **errors()},
+        description="Workers seen in the last hour; `stale` when not seen within the "
+        "heartbeat timeout.",
+        tags=["workers"],
+    )
+    def get(self, request: Request) -> Response:
+        now = timezone.now()
+        paginator = KeysetPaginator(request, ordering=["worker_id"])
+        page = paginator.paginate(Worker.objects.filter(last_seen_at__gte=now - SEEN_WITHIN))
+        current: dict[str, list[str]] = {}
+        # Uses task_claimed_by_idx.
+        for task_id, worker_id in Task.objects.filter(
+            status=TaskStatus.EXECUTING, claimed_by__in=[w.worker_id for w in page]
+        ).values_list("id", "claimed_by"):
+            current.setdefault(worker_id, []).append(str(task_id))
+        stale_before = now - timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
+        return paginator.response(
+            [
+                {
+                    "worker_id": worker.worker_id,
+                    "last_seen_at": isoformat(worker.last_seen_at),
+                    "current_tasks": current.get(worker.worker_id, []),
+                    "stale": worker.last_seen_at < stale_before,
+                }
+                for worker in page
+            ]
+        )

@@ -1,0 +1,75 @@
+"""The watchdog: expired leases, lost buffer entries, and forgotten workers.
+
+- Every TASKFORGE_WATCHDOG_INTERVAL_SECONDS, `executing` tasks whose lease
+  expired (no heartbeat for TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS) become a
+  failed attempt, retried or dead by the same rule as a nack.
+- Every third of TASKFORGE_BUFFER_RECONCILE_SECONDS, `claimed` tasks missing
+  from Redis are put back, so a lost one is dispatchable again within that
+  time.
+- Workers not seen for a day are forgotten (GET /workers shows the last hour).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from taskforge.conf import conf
+from taskforge.lib.loop import Loop
+from tasks import transitions
+from tasks.models import Task, TaskStatus
+from tasks.reconcile import rebuffer_missing
+from workers.models import Worker
+
+S = TaskStatus
+BATCH = 200
+FORGET_WORKERS_AFTER = timedelta(days=1)
+
+
+class WatchdogLoop(Loop):
+    name = "watchdog"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next_lease_check = 0.0
+
+    @property
+    def interval(self) -> float:
+        return min(conf.WATCHDOG_INTERVAL_SECONDS, conf.BUFFER_RECONCILE_SECONDS / 3)
+
+    def tick(self) -> bool:
+        busy = False
+        if time.monotonic() >= self._next_lease_check:
+            busy = self.expire_leases()
+            if not busy:
+                self._next_lease_check = time.monotonic() + conf.WATCHDOG_INTERVAL_SECONDS
+                self.forget_workers()
+        self.reconcile()
+        return busy
+
+    def expire_leases(self) -> bool:
+        """Fail one batch of expired leases; True if the batch was full."""
+        now = timezone.now()
+        cutoff = now - timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
+        with transaction.atomic():
+            # Uses task_executing_hb_idx; SKIP LOCKED so watchdogs share the work
+            # and never wait on a worker's ack holding the row.
+            tasks = list(
+                Task.objects.select_for_update(skip_locked=True, no_key=True, of=("self",))
+                .select_related("queue")
+                .filter(status=S.EXECUTING, heartbeat_at__lt=cutoff)
+                .order_by("heartbeat_at")[:BATCH]
+            )
+            for task in tasks:
+                transitions.expire_lease(task, now=now)
+        return len(tasks) == BATCH
+
+    def reconcile(self) -> int:
+        age = timedelta(seconds=conf.BUFFER_RECONCILE_SECONDS / 3)
+        return rebuffer_missing(claimed_before=timezone.now() - age)
+
+    def forget_workers(self) -> None:
+        Worker.objects.filter(last_seen_at__lt=timezone.now() - FORGET_WORKERS_AFTER).delete()
