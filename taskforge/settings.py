@@ -120,7 +120,9 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# Where `collectstatic` writes (the container image sets it). Unset, the
+# files are served straight from the apps and static/ (WHITENOISE_USE_FINDERS).
+STATIC_ROOT = env.path("STATIC_ROOT", default=None)
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Serve static files straight from the apps and static/ too, so a fresh
 # checkout needs no collectstatic (the image still collects them at build).

@@ -1,0 +1,66 @@
+# TaskForge developer commands. Needs only Python 3.11+ and make.
+#
+#   make run    API on http://localhost:8080 (+ embedded Postgres and Redis unless
+#               DATABASE_URL and REDIS_URL are set)
+#   make test   the whole test suite; extra pytest arguments: make test ARGS="-k foo"
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+# Reinstall when pyproject.toml is newer than this file.
+STAMP := $(VENV)/.installed
+DATA := .taskforge
+DEVSERVICES := $(BIN)/python -m taskforge.devservices
+
+# Procfile lines and the test suite find gunicorn, honcho and python in the venv.
+export PATH := $(BIN):$(PATH)
+export VIRTUAL_ENV := $(abspath $(VENV))
+
+.DEFAULT_GOAL := help
+.PHONY: help run test lint fmt bench clean
+
+help:
+	@echo "make run     start the API on http://localhost:8080 (Ctrl-C stops everything)"
+	@echo "make test    run the test suite (ARGS=\"-k foo\" passes arguments to pytest)"
+	@echo "make lint    ruff check + ruff format --check"
+	@echo "make fmt     format and autofix with ruff"
+	@echo "make bench   benchmarks (not yet)"
+	@echo "make clean   remove .venv and the local data in $(DATA)/"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "TaskForge needs Python 3.11 or newer as '$(PYTHON)'; try: make PYTHON=python3.12 ..." >&2; \
+	  exit 1; }
+	@test -x $(VENV)/bin/python || { echo "Creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
+	@echo "Installing TaskForge and its dependencies into $(VENV)"
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -e '.[local,test]'
+	@touch $@
+
+# Migrate, create an admin API key the first time (.taskforge/admin_api_key), then run the
+# Procfile under honcho. Honcho answers Ctrl-C with exit code 130: that is a normal stop.
+run: $(STAMP)
+	$(DEVSERVICES) run --data $(DATA) --setup -- honcho start || [ $$? -eq 130 ]
+
+# pytest's exit code 5 means "no tests collected": an error when ARGS selected nothing,
+# accepted for the whole suite (a project with no tests yet is not a failing project).
+test: $(STAMP)
+	@echo "+ pytest $(ARGS)"
+	@$(DEVSERVICES) run --throwaway -- python -m pytest $(ARGS) \
+	  $(if $(strip $(ARGS)),,|| { rc=$$?; [ $$rc -eq 5 ] && echo "pytest: no tests collected" && exit 0; exit $$rc; })
+
+lint: $(STAMP)
+	ruff check .
+	ruff format --check .
+
+fmt: $(STAMP)
+	ruff format .
+	ruff check --fix .
+
+bench:
+	@echo "Benchmarks arrive with the dispatch engine; nothing to run yet."
+
+clean:
+	@if [ -x $(VENV)/bin/python ] && [ -d $(DATA) ]; then \
+	  $(DEVSERVICES) stop --data $(DATA) || { \
+	    echo "Not removing $(DATA): stop 'make run' first (or delete it by hand)" >&2; exit 1; }; fi
+	rm -rf $(VENV) $(DATA) .pytest_cache .ruff_cache *.egg-info
