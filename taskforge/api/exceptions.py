@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions as drf
 from rest_framework import status
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
@@ -88,8 +89,21 @@ def _message_for(exc: drf.APIException) -> str:
     return "The request is not valid."
 
 
+def _render_as_json(context: dict[str, Any]) -> None:
+    """Errors are JSON whatever the view renders (the schema view: YAML, docs: HTML).
+
+    DRF renders an error response with the renderer negotiated for the view;
+    it keeps one already set on the request.
+    """
+    request = context.get("request")
+    if request is not None:
+        request.accepted_renderer = JSONRenderer()
+        request.accepted_media_type = "application/json"
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     """Render `exc` as an API error response; never returns None."""
+    _render_as_json(context)
     headers: dict[str, str] = {}
     if isinstance(exc, Http404):
         exc = drf.NotFound(str(exc) if str(exc) else "Not found.")

@@ -25,11 +25,15 @@ class StrictIntegerField(serializers.IntegerField):
 
 
 class StrictNumberField(serializers.FloatField):
+    default_error_messages = {"out_of_range": "Number is out of range."}
+
     def to_internal_value(self, data: Any) -> float:
         if isinstance(data, bool) or not isinstance(data, int | float):
             self.fail("invalid")
         if isinstance(data, int) and abs(data) > 2**53:
-            self.fail("max_string_length")
+            # float() of a huge int raises OverflowError; DRF's stock message
+            # for this code ("String value too large.") would misname a number.
+            self.fail("out_of_range")
         return super().to_internal_value(float(data))
 
 
@@ -55,6 +59,10 @@ class TimeField(serializers.DateTimeField):
     }
 
     def to_internal_value(self, value: Any) -> datetime:
+        # CPython 3.11's fromisoformat stops at a NUL: "...00Z\x00junk" parses.
+        # Bodies never get here with NUL (the parser refuses it); query strings do.
+        if isinstance(value, str) and "\x00" in value:
+            self.fail("invalid")
         try:
             return parse_time(value)
         except (ValueError, TypeError):

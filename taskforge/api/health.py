@@ -2,23 +2,50 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import wraps
+
 import psycopg
 import redis
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_GET
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from taskforge.api.responses import error_response
 
 READY_TIMEOUT_SECONDS = 2
 
+View = Callable[[HttpRequest], HttpResponse]
 
-@require_GET
-def healthz(request: HttpRequest) -> JsonResponse:
+
+def probe(view: View) -> View:
+    """GET and HEAD only, answering other methods with API.md's JSON 405.
+
+    Django's `require_GET` answers an empty text/html 405, and the CSRF
+    middleware an HTML 403 for a POST; probes change nothing, so no CSRF.
+    """
+
+    @wraps(view)
+    def wrapper(request: HttpRequest) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            response = error_response(
+                405, "method_not_allowed", f'Method "{request.method}" not allowed.'
+            )
+            response["Allow"] = "GET, HEAD"
+            return response
+        return view(request)
+
+    return csrf_exempt(wrapper)
+
+
+@probe
+def healthz(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"status": "ok"})
 
 
-@require_GET
-def readyz(request: HttpRequest) -> JsonResponse:
+@probe
+def readyz(request: HttpRequest) -> HttpResponse:
     checks = {"postgres": _check_postgres(), "redis": _check_redis()}
     ready = all(value == "ok" for value in checks.values())
     return JsonResponse(

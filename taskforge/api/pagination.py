@@ -30,7 +30,9 @@ def parse_limit(request: Request) -> int:
     raw = request.query_params.get("limit")
     if raw is None:
         return DEFAULT_LIMIT
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+    # ASCII digits only: str.isdigit() also passes superscripts (which int() refuses)
+    # and other scripts' digits.
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIMIT:
         raise ValidationError({"limit": [f"Must be an integer from 1 to {MAX_LIMIT}."]})
     return int(raw)
 
@@ -50,12 +52,14 @@ class KeysetPaginator:
 
     def paginate(self, queryset: QuerySet) -> list[Model]:
         queryset = queryset.order_by(*self.ordering)
-        try:
-            if self.after is not None:
+        if self.after is not None:
+            try:
                 queryset = queryset.filter(self._after_filter(self.after))
-            rows = list(queryset[: self.limit + 1])
-        except DjangoValidationError as exc:  # a value of the wrong type for its column
-            raise ValidationError({"cursor": ["Not a cursor this list gave out."]}) from exc
+            except (DjangoValidationError, ValueError, TypeError) as exc:
+                # A value of the wrong type for its column: building the lookup
+                # raises one of these, depending on the field.
+                raise ValidationError({"cursor": ["Not a cursor this list gave out."]}) from exc
+        rows = list(queryset[: self.limit + 1])
         if len(rows) > self.limit:
             rows = rows[: self.limit]
             last = rows[-1]
@@ -106,7 +110,12 @@ class KeysetPaginator:
             if not isinstance(plain, list) or len(plain) != len(self.ordering):
                 raise ValueError("wrong shape")
             values = [parse_time(v["t"]) if isinstance(v, dict) else v for v in plain]
-            if any(not isinstance(v, str | int | datetime) for v in values):
+            if any(
+                isinstance(v, bool)
+                or not isinstance(v, str | int | datetime)
+                or (isinstance(v, str) and "\x00" in v)  # Postgres text cannot hold NUL
+                for v in values
+            ):
                 raise ValueError("wrong value")
             return values
         except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:

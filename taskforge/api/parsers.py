@@ -18,7 +18,7 @@ def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise _Refused(f"Duplicate key {key!r} in a JSON object.")
+            raise _Refused(f"Duplicate key {key[:100]!r} in a JSON object.")
         result[key] = value
     return result
 
@@ -64,13 +64,23 @@ def find_bad_string(value: Any, path: str = "") -> str | None:
                 return where
         elif isinstance(item, dict):
             for key, child in item.items():
-                child_path = f"{where}.{key}" if where else key
                 if not _storable(key):
-                    return child_path
-                stack.append((child_path, child))
+                    return f"{where}.{_escape(key)}" if where else _escape(key)
+                stack.append((f"{where}.{key}" if where else key, child))
         elif isinstance(item, list):
             stack.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
     return None
+
+
+def _escape(key: str) -> str:
+    """`key` for an error path, with NUL and lone surrogates as `\\uXXXX` escapes.
+
+    Echoing them raw would put an unencodable string into the error response.
+    """
+    return "".join(
+        f"\\u{ord(char):04x}" if char == "\x00" or "\ud800" <= char <= "\udfff" else char
+        for char in key
+    )
 
 
 def _storable(text: str) -> bool:
@@ -95,8 +105,13 @@ class StrictJSONParser(JSONParser):
             raise ParseError("The body is not valid UTF-8.") from exc
         try:
             data = loads(text)
-        except (ValueError, RecursionError) as exc:
+        except (_Refused, json.JSONDecodeError) as exc:
             raise ParseError(f"The body is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise ParseError("The body is not valid JSON: it is nested too deeply.") from exc
+        except ValueError as exc:
+            # int() past Python's digit limit; its message is advice for Python programmers.
+            raise ParseError("The body is not valid JSON: an integer has too many digits.") from exc
         bad = find_bad_string(data)
         if bad is not None:
             field = bad or "non_field_errors"
