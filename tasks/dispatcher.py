@@ -157,9 +157,12 @@ class DispatcherLoop(Loop):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
-                for notice in pg.notifies(timeout=min(SLEEP_SLICE, left), stop_after=64):
+                for notice in pg.notifies(timeout=min(SLEEP_SLICE, left), stop_after=1):
                     self._woken.add(notice.payload)
                 if self._woken:
+                    # Take whatever else already arrived, without waiting.
+                    for notice in pg.notifies(timeout=0.0):
+                        self._woken.add(notice.payload)
                     return
         except Exception:
             # The connection broke; the next tick reconnects. Sleep the rest.
