@@ -14,10 +14,16 @@ from rest_framework.views import APIView
 from dlq import services
 from dlq.models import DeadLetterTask
 from queues.api.views import QueueLookupMixin
-from taskforge.api.fields import AnyJSONField, StrictBooleanField, StrictSerializer, TimeField
+from taskforge.api.fields import (
+    AnyJSONField,
+    QuerySerializer,
+    StrictBooleanField,
+    StrictSerializer,
+    TimeField,
+)
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import ADMIN
-from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, errors, page_of
+from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, errors, page_of
 from taskforge.lib.timeutil import isoformat
 from tasks.api.serializers import TaskSerializer, task_to_dict
 from tasks.api.views import parse_task_id
@@ -48,7 +54,7 @@ class DeadLetterSerializer(serializers.Serializer):
         }
 
 
-class DlqQuerySerializer(serializers.Serializer):
+class DlqQuerySerializer(QuerySerializer):
     died_after = TimeField(required=False)
     died_before = TimeField(required=False)
 
@@ -74,7 +80,10 @@ class DlqListView(QueueLookupMixin, APIView):
             OpenApiParameter("limit", int, description="1..500, default 100"),
             OpenApiParameter("cursor", str),
         ],
-        responses={200: page_of(DeadLetterSerializer, "DeadLetterPage"), **errors(NOT_FOUND)},
+        responses={
+            200: page_of(DeadLetterSerializer, "DeadLetterPage"),
+            **errors(NOT_FOUND, BAD_QUERY),
+        },
         description="Tasks now dead in the queue, most recently dead first.",
         tags=["dlq"],
     )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -13,10 +15,12 @@ from rest_framework.views import APIView
 
 from queues import services
 from queues.api.serializers import QueueCreateSerializer, QueuePatchSerializer, QueueSerializer
-from queues.models import Queue
+from queues.models import QUEUE_NAME_PATTERN, Queue
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import ADMIN, ANY_ROLE
 from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, error, errors, page_of
+
+QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
 
 
 class QueueLookupMixin:
@@ -25,7 +29,11 @@ class QueueLookupMixin:
     kwargs: dict[str, Any]
 
     def get_queue(self) -> Queue:
-        return get_object_or_404(Queue, name=self.kwargs["name"])
+        name = self.kwargs["name"]
+        # A name no queue can have (NUL, say) is not sent to Postgres at all.
+        if not QUEUE_NAME_RE.fullmatch(name):
+            raise Http404("No such queue.")
+        return get_object_or_404(Queue, name=name)
 
 
 class QueueListView(APIView):

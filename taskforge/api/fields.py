@@ -59,10 +59,6 @@ class TimeField(serializers.DateTimeField):
     }
 
     def to_internal_value(self, value: Any) -> datetime:
-        # CPython 3.11's fromisoformat stops at a NUL: "...00Z\x00junk" parses.
-        # Bodies never get here with NUL (the parser refuses it); query strings do.
-        if isinstance(value, str) and "\x00" in value:
-            self.fail("invalid")
         try:
             return parse_time(value)
         except (ValueError, TypeError):
@@ -96,4 +92,14 @@ class StrictSerializer(serializers.Serializer):
             raise serializers.ValidationError(
                 {name: ["Unknown field."] for name in unknown}, code="invalid"
             )
+        return super().to_internal_value(data)
+
+
+class QuerySerializer(serializers.Serializer):
+    """Query parameters: one given empty (`?status=`) is invalid, not absent."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        empty = [name for name in self.fields if name in data and data.get(name) == ""]
+        if empty:
+            raise serializers.ValidationError({name: ["May not be empty."] for name in empty})
         return super().to_internal_value(data)

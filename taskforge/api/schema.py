@@ -46,6 +46,7 @@ BODY_ERRORS = {
     415: error("Body is not application/json (`unsupported_media_type`)."),
 }
 NOT_FOUND = {404: error("No such queue or task (`not_found`).")}
+BAD_QUERY = {400: error("A query parameter is empty, unparseable or out of range (`invalid`).")}
 
 
 def errors(*groups: dict) -> dict:

@@ -19,7 +19,8 @@ def parse_time(text: str) -> datetime:
         ValueError: the text is not such a time (naive times are refused:
             a service in another zone would be silently off by hours).
     """
-    if not isinstance(text, str) or len(text) > 64:
+    # CPython 3.11's fromisoformat stops at a NUL: "...00Z\x00junk" would parse.
+    if not isinstance(text, str) or len(text) > 64 or "\x00" in text:
         raise ValueError("Expected an ISO 8601 time string.")
     parsed = datetime.fromisoformat(text)
     if parsed.tzinfo is None:

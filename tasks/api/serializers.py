@@ -9,6 +9,7 @@ from queues.models import MAX_RETRIES_LIMIT
 from taskforge.api.exceptions import PayloadTooLarge
 from taskforge.api.fields import (
     AnyJSONField,
+    QuerySerializer,
     StrictCharField,
     StrictIntegerField,
     StrictNumberField,
@@ -133,7 +134,7 @@ class EnqueueBatchSerializer(StrictSerializer):
     tasks = EnqueueSerializer(many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False)
 
 
-class TaskListQuerySerializer(serializers.Serializer):
+class TaskListQuerySerializer(QuerySerializer):
     """Query parameters of GET /queues/:name/tasks (all optional)."""
 
     status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)

@@ -17,7 +17,7 @@ from queues.api.views import QueueLookupMixin
 from queues.models import Queue
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import PRODUCER
-from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, error, errors, page_of
+from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
 from tasks import services, transitions
 from tasks.api.serializers import (
     EnqueueBatchSerializer,
@@ -69,7 +69,7 @@ class TaskListView(QueueLookupMixin, APIView):
         parameters=LIST_PARAMS,
         responses={
             200: page_of(TaskSerializer, "TaskPage"),
-            **errors(NOT_FOUND, {400: error("A query parameter is out of range (`invalid`)")}),
+            **errors(NOT_FOUND, BAD_QUERY),
         },
         tags=["tasks"],
     )
@@ -182,7 +182,10 @@ class TaskEventsView(TaskLookupMixin, APIView):
     @extend_schema(
         operation_id="tasks_events",
         parameters=PAGE_PARAMS,
-        responses={200: page_of(TaskEventSerializer, "TaskEventPage"), **errors(NOT_FOUND)},
+        responses={
+            200: page_of(TaskEventSerializer, "TaskEventPage"),
+            **errors(NOT_FOUND, BAD_QUERY),
+        },
         tags=["tasks"],
     )
     def get(self, request: Request, name: str, task_id: str) -> Response:

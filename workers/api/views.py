@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import ADMIN, WORKER
-from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, error, errors, page_of
+from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
 from taskforge.conf import conf
 from taskforge.lib.timeutil import isoformat
 from tasks.api.serializers import task_to_dict
@@ -203,7 +203,7 @@ class WorkerListView(APIView):
 
     @extend_schema(
         operation_id="workers_list",
-        responses={200: page_of(WorkerSerializer, "WorkerPage"), **errors()},
+        responses={200: page_of(WorkerSerializer, "WorkerPage"), **errors(BAD_QUERY)},
         description="Workers seen in the last hour; `stale` when not seen within the "
         "heartbeat timeout.",
         tags=["workers"],
