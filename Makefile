@@ -38,8 +38,11 @@ $(STAMP): pyproject.toml
 
 # Migrate, create an admin API key the first time (.taskforge/admin_api_key), then run the
 # Procfile under honcho. Honcho answers Ctrl-C with exit code 130: that is a normal stop.
+# Counters and histograms of every process (API workers and loops) meet in one directory,
+# emptied at each start; /metrics sums them.
 run: $(STAMP)
-	$(DEVSERVICES) run --data $(DATA) --setup -- honcho start || [ $$? -eq 130 ]
+	rm -rf $(DATA)/prometheus && mkdir -p $(DATA)/prometheus
+	PROMETHEUS_MULTIPROC_DIR=$(abspath $(DATA))/prometheus $(DEVSERVICES) run --data $(DATA) --setup -- honcho start || [ $$? -eq 130 ]
 
 # pytest's exit code 5 means "no tests collected": an error when ARGS selected nothing,
 # accepted for the whole suite (a project with no tests yet is not a failing project).

@@ -11,6 +11,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 
+from taskforge import metrics
+
 bind = os.environ.get("TASKFORGE_BIND", "0.0.0.0:8080")
 worker_class = "gthread"
 workers = int(os.environ.get("TASKFORGE_WEB_WORKERS", multiprocessing.cpu_count()))
@@ -27,3 +29,9 @@ loglevel = os.environ.get("LOG_LEVEL", "info").lower()
 # Recycle workers now and then so a slow leak cannot grow without bound.
 max_requests = 100_000
 max_requests_jitter = 10_000
+
+# Multiprocess metrics: drop a dead worker's live gauges, keep its counts.
+child_exit = metrics.child_exit
+# gunicorn 27's control socket sits at one path per user; two servers on a
+# host would fight over it, and TaskForge does not use it.
+control_socket_disable = True

@@ -51,6 +51,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "taskforge.api.request_log.RequestLogMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "taskforge.api.middleware.RequestSizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",

@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from dlq.api import views as dlq_views
 from queues.api import views as queue_views
 from taskforge.api import health
+from taskforge.api import metrics as metrics_views
 from tasks.api import views as task_views
 from workers.api import views as worker_views
 
@@ -20,6 +21,7 @@ Q = "queues/<str:name>"
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics_views.metrics, name="metrics"),
     path("queues", queue_views.QueueListView.as_view(), name="queue-list"),
     path(f"{Q}", queue_views.QueueDetailView.as_view(), name="queue-detail"),
     path(f"{Q}/pause", queue_views.QueuePauseView.as_view(), name="queue-pause"),

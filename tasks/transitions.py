@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from dlq.models import DeadLetterTask
 from queues.models import Queue
+from taskforge import metrics
 from tasks import sql
 from tasks.exceptions import InvalidTransition
 from tasks.models import Task, TaskEvent, TaskStatus
@@ -410,3 +411,4 @@ def _wake_dispatchers(tasks: Sequence[Task], now: datetime) -> None:
 def _log(event: str, lines: list[dict[str, Any]]) -> None:
     for line in lines:
         logger.info(event, extra=line)
+    metrics.on_transitions(event, lines)

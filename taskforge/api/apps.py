@@ -9,5 +9,9 @@ class ApiConfig(AppConfig):
     label = "api"
 
     def ready(self) -> None:
+        # Multiprocess metrics pick their file names before any metric exists
+        # (before Django builds the middleware, django-prometheus's metrics).
+        from taskforge import metrics  # noqa: F401
+
         # Registers the OpenAPI security scheme of our API keys.
         from taskforge.api import schema  # noqa: F401

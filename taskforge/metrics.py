@@ -1,0 +1,325 @@
+"""The Prometheus metrics of API.md ("Operations"), true across every process.
+
+Counters and the histogram count committed transitions: `tasks.transitions`
+calls `on_transitions()` from its on-commit log hook, in whichever process
+made the move (a gunicorn worker, the watchdog, the dispatcher...).  Gauges
+(queue depth, DLQ depth, heartbeat age) are not counted anywhere: a scrape
+reads them from Postgres (`DatabaseGauges`).
+
+Across processes (prometheus_client's multiprocess mode)
+---------------------------------------------------------
+With `PROMETHEUS_MULTIPROC_DIR` set, every process writes its counters to its
+own mmap file in that directory and a scrape of `/metrics`, in any gunicorn
+worker, sums all the files: those of every API worker and every loop, live or
+dead (so a total does not drop when gunicorn recycles a worker).
+django-prometheus's request metrics are plain counters and histograms, so they
+are summed the same way.
+
+- Every process of a deployment (API and loops) gets the same directory, on a
+  local disk or tmpfs of one host.  A temporary directory made at process
+  start would not do: each process would count alone.
+- The directory holds one file per process that ever ran.  Empty it only while
+  no process runs (before starting the API and the loops); emptying it under
+  running processes loses their counts until they restart.
+- Files are named by host and pid (`counter_<host>-<pid>.db`), not by pid
+  alone, so containers that share the directory through a volume (each with
+  its own pid 1) never write to the same file.
+- gunicorn's `child_exit` hook should call `child_exit()` below.
+
+Without `PROMETHEUS_MULTIPROC_DIR` each process counts in its own memory (the
+default registry).  That is right for one process (tests, `runserver`,
+`gunicorn -w 1`), but with several API workers each scrape shows only the
+worker that answered it, and counts made by the loops never show: deployments
+set the variable.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import re
+import socket
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, transaction
+from prometheus_client import REGISTRY, Counter, Histogram, multiprocess, values
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger("taskforge.metrics")
+
+# --- process identity and mode --------------------------------------------------
+
+# The underscore separates parts of prometheus_client's file names; keep it out.
+_HOST = re.sub(r"[^A-Za-z0-9.-]+", "-", socket.gethostname()) or "host"
+_named: tuple[int, str] = (0, "")
+
+
+def process_identifier(pid: int | None = None) -> str:
+    """This process's (or `pid`'s) name in the multiprocess directory.
+
+    prometheus_client calls this on every write to notice a fork; the name is
+    built once per pid.
+    """
+    global _named
+    if pid is not None:
+        return f"{_HOST}-{pid}"
+    current = os.getpid()
+    if _named[0] != current:
+        _named = (current, f"{_HOST}-{current}")
+    return _named[1]
+
+
+MULTIPROC_DIR: str | None = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+if MULTIPROC_DIR:
+    # A fixed path, so creating it is safe from any number of processes.
+    os.makedirs(MULTIPROC_DIR, exist_ok=True)
+    # Must happen before any metric value exists in this process:
+    # taskforge.api's AppConfig.ready() imports this module, which runs before
+    # Django builds its middleware (django-prometheus's metrics) and before
+    # any transition.
+    values.ValueClass = values.MultiProcessValue(process_identifier)
+elif "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+    # Set but empty: prometheus_client would write files into the working
+    # directory; count in memory instead.
+    values.ValueClass = values.MutexValue
+
+# --- counted metrics -------------------------------------------------------------
+
+# Claim (hand-out to a worker) to ack: from a few ms to the longest a task may run.
+DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
+
+TASKS_ENQUEUED = Counter(
+    "taskforge_tasks_enqueued_total", "Tasks created (enqueued), by queue.", ["queue"]
+)
+TASKS_COMPLETED = Counter(
+    "taskforge_tasks_completed_total",
+    "Tasks that finished as done (acked) or dead (out of attempts), by queue.",
+    ["queue", "status"],
+)
+EXECUTION_DURATION = Histogram(
+    "taskforge_task_execution_duration_seconds",
+    "Time from claim to ack of acked attempts, by queue.",
+    ["queue"],
+    buckets=DURATION_BUCKETS,
+)
+
+
+class _Children(dict[str, Any]):
+    """queue name -> the metric's child for that queue, resolved once per process.
+
+    `.labels()` takes a lock and builds a key on every call; the hot path
+    (acks, batch enqueues) looks the child up in a plain dict instead.
+    """
+
+    def __init__(self, metric: Any, **labels: str) -> None:
+        super().__init__()
+        self._metric = metric
+        self._labels = labels
+
+    def __missing__(self, queue: str) -> Any:
+        # Two threads may race here; both get the same child from `.labels()`.
+        child = self[queue] = self._metric.labels(queue=queue, **self._labels)
+        return child
+
+
+_enqueued = _Children(TASKS_ENQUEUED)
+_done = _Children(TASKS_COMPLETED, status="done")
+_dead = _Children(TASKS_COMPLETED, status="dead")
+_duration = _Children(EXECUTION_DURATION)
+
+
+def on_transitions(event: str, lines: Sequence[Mapping[str, Any]]) -> None:
+    """Count the transitions of one committed call of `tasks.transitions`.
+
+    `lines` are its log lines (API.md fields), all with the same `to_status`:
+    a creation (`task.created`, from null) counts as enqueued, a move to done
+    (`task.acked`) as completed/done with its `duration_ms` (claim to ack) in
+    the histogram, a move to dead (`task.dead_lettered`) as completed/dead.
+    Every other move (the hand-out hot path among them) costs two lookups.
+
+    Runs in an on-commit callback: it logs instead of raising, since an error
+    here would turn a committed ack into a failed request.
+    """
+    if not lines:
+        return
+    first = lines[0]
+    to_status = first["to_status"]
+    try:
+        if first["from_status"] is None:
+            _inc_by_queue(_enqueued, lines)
+        elif to_status == "done":
+            _inc_by_queue(_done, lines)
+            for line in lines:
+                if line["duration_ms"] is not None:
+                    _duration[line["queue"]].observe(line["duration_ms"] / 1000)
+        elif to_status == "dead":
+            _inc_by_queue(_dead, lines)
+    except Exception:
+        logger.exception("metrics.count_failed", extra={"transition": event})
+
+
+def _inc_by_queue(children: _Children, lines: Sequence[Mapping[str, Any]]) -> None:
+    # One write per queue, not per task: a batch enqueue has up to 1000 lines.
+    if len(lines) == 1:
+        children[lines[0]["queue"]].inc()
+        return
+    for queue, count in collections.Counter(line["queue"] for line in lines).items():
+        children[queue].inc(count)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook: drop the live-gauge files of a worker that exited.
+
+    Counter and histogram files stay: their counts are part of the totals.
+    """
+    if MULTIPROC_DIR:
+        multiprocess.mark_process_dead(process_identifier(worker.pid), MULTIPROC_DIR)
+
+
+# --- gauges read at scrape time ----------------------------------------------------
+
+# API.md's stats: `pending` is due, `scheduled` is pending but not yet due.
+DEPTH_STATUSES = ("pending", "scheduled", "claimed", "executing", "retry")
+WORKERS_SEEN_WITHIN = timedelta(hours=1)
+# A scrape must not hold a database connection for long, whatever the backlog.
+SCRAPE_STATEMENT_TIMEOUT_MS = 5000
+
+
+class DatabaseGauges:
+    """Queue depth, DLQ depth and worker heartbeat age, read from Postgres.
+
+    Two cheap queries: per (queue, live status) counts, an index-only scan of
+    task_queue_status_idx bounded by `queue_id IN (...) AND status IN (...)`
+    so the done and cancelled history is never read; and the workers seen in
+    the last hour (workers_worker.last_seen_at index).  When Postgres does not
+    answer, the gauges are left out and the counters still scrape.
+    """
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            depth, dlq, ages = self._read()
+        except DatabaseError as exc:
+            logger.warning("metrics.gauges_unavailable", extra={"error": repr(exc)})
+            return
+        queue_depth = GaugeMetricFamily(
+            "taskforge_queue_depth",
+            "Tasks by queue and live status (pending: due; scheduled: pending, not yet due).",
+            labels=["queue", "status"],
+        )
+        for queue, counts in depth.items():
+            for status in DEPTH_STATUSES:
+                queue_depth.add_metric([queue, status], counts[status])
+        dlq_depth = GaugeMetricFamily(
+            "taskforge_dlq_depth", "Dead tasks (the dead-letter queue) by queue.", labels=["queue"]
+        )
+        for queue, count in dlq.items():
+            dlq_depth.add_metric([queue], count)
+        heartbeat_age = GaugeMetricFamily(
+            "taskforge_worker_heartbeat_age_seconds",
+            "Seconds since each worker seen in the last hour was last seen.",
+            labels=["worker_id"],
+        )
+        for worker_id, age in ages:
+            heartbeat_age.add_metric([worker_id], age)
+        yield from (queue_depth, dlq_depth, heartbeat_age)
+
+    @staticmethod
+    def _read() -> tuple[dict[str, dict[str, int]], dict[str, int], list[tuple[str, float]]]:
+        from django.db import connection
+        from django.db.models import BooleanField, Count, ExpressionWrapper, Q
+        from django.utils import timezone
+
+        from queues.models import Queue
+        from tasks.models import Task, TaskStatus
+        from workers.models import Worker
+
+        S = TaskStatus
+        now = timezone.now()
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('statement_timeout', %s, true)",
+                    [str(SCRAPE_STATEMENT_TIMEOUT_MS)],
+                )
+            names = dict(Queue.objects.values_list("id", "name"))
+            rows = list(
+                Task.objects.filter(
+                    queue_id__in=list(names),
+                    status__in=[S.PENDING, S.CLAIMED, S.EXECUTING, S.RETRY, S.DEAD],
+                )
+                .annotate(
+                    later=ExpressionWrapper(
+                        Q(status=S.PENDING, scheduled_at__gt=now), output_field=BooleanField()
+                    )
+                )
+                .values_list("queue_id", "status", "later")
+                .annotate(count=Count("*"))
+                .order_by()
+            )
+            seen = list(
+                Worker.objects.filter(last_seen_at__gte=now - WORKERS_SEEN_WITHIN)
+                .order_by("worker_id")
+                .values_list("worker_id", "last_seen_at")
+            )
+        ordered = sorted(names.items(), key=lambda item: item[1])
+        depth = {name: dict.fromkeys(DEPTH_STATUSES, 0) for _, name in ordered}
+        dlq = {name: 0 for _, name in ordered}
+        for queue_id, status, later, count in rows:
+            name = names[queue_id]
+            if status == S.DEAD:
+                dlq[name] += count
+            else:
+                depth[name]["scheduled" if later else status] += count
+        ages = [(worker_id, max((now - at).total_seconds(), 0.0)) for worker_id, at in seen]
+        return depth, dlq, ages
+
+
+class _Scrape:
+    """What one scrape exposes: the counted metrics plus the database gauges."""
+
+    def __init__(self, sources: Iterable[Collector]) -> None:
+        self._sources = list(sources)
+
+    def collect(self) -> Iterator[Metric]:
+        for source in self._sources:
+            yield from source.collect()
+
+
+def scrape_collector() -> Collector:
+    """The collector a `/metrics` answer is rendered from.
+
+    Multiprocess mode reads every process's files (and not this process's
+    default registry, which would count this worker twice); otherwise this
+    process's default registry (with the process_* and python_* metrics).
+    """
+    counted: Collector
+    if MULTIPROC_DIR:
+        counted = multiprocess.MultiProcessCollector(None, path=MULTIPROC_DIR)
+    else:
+        counted = REGISTRY
+    return _Scrape([counted, DatabaseGauges()])

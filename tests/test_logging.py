@@ -1,0 +1,205 @@
+"""JSON logs: one line per state transition (API.md fields) and one per HTTP request."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import transaction
+from django.test import Client
+
+from queues.tests.factories import QueueFactory
+from taskforge.lib.logging import JsonFormatter
+from tasks import transitions
+from tasks.models import TaskEvent, TaskStatus
+from tasks.tests.factories import TaskFactory
+
+S = TaskStatus
+TRANSITION_FIELDS = {
+    "ts",
+    "event",
+    "task_id",
+    "queue",
+    "worker_id",
+    "from_status",
+    "to_status",
+    "attempt",
+    "duration_ms",
+}
+REQUEST_FIELDS = {"method", "path", "status", "duration_ms", "remote_addr", "pid"}
+
+
+def json_lines(caplog: pytest.LogCaptureFixture, logger: str) -> list[dict[str, Any]]:
+    """The records of `logger` as the settings' formatter writes them: one JSON line each."""
+    formatter = JsonFormatter()
+    lines = []
+    for record in caplog.records:
+        if record.name == logger:
+            text = formatter.format(record)
+            assert "\n" not in text
+            lines.append(json.loads(text))
+    return lines
+
+
+# --- transitions ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_transitions__one_json_line_per_transition_with_the_api_fields(
+    caplog: pytest.LogCaptureFixture,
+    django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    """Every verb, the SQL hot paths (hand_out_ids, ack_many) too: the lines tell
+    the same chain as the task's events, one line per event."""
+    caplog.set_level(logging.INFO, logger="taskforge.transitions")
+    queue = QueueFactory(name="logged", max_retries=1)
+    with django_capture_on_commit_callbacks(execute=True):
+        a = TaskFactory(queue=queue)
+        with transaction.atomic():
+            transitions.buffer([a])
+            transitions.unbuffer([a])
+            transitions.buffer([a])
+            transitions.hand_out([a], worker_id="w1")
+            transitions.fail(a, error="boom")
+            transitions.promote([a])
+            transitions.buffer([a])
+            transitions.hand_out([a], worker_id="w1")
+            transitions.fail(a, error="boom")  # attempts spent: dead
+            transitions.replay([a])
+            transitions.cancel([a])
+        b = TaskFactory(queue=queue, status=S.CLAIMED)
+        transitions.hand_out_ids([str(b.pk)], worker_id="w2", queues={queue.pk: queue})
+        transitions.ack_many([(str(b.pk), 1, None)], worker_id="w2", queues={queue.pk: queue})
+
+    lines = json_lines(caplog, "taskforge.transitions")
+
+    assert all(set(line) == TRANSITION_FIELDS | {"level", "logger"} for line in lines), lines
+    assert all(line["queue"] == "logged" and line["ts"].endswith("Z") for line in lines)
+    for task, events in (
+        (
+            a,
+            [
+                "created",
+                "buffered",
+                "unbuffered",
+                "buffered",
+                "handed_out",
+                "failed",
+                "promoted",
+                "buffered",
+                "handed_out",
+                "dead_lettered",
+                "replayed",
+                "cancelled",
+            ],
+        ),
+        (b, ["created", "buffered", "handed_out", "acked"]),
+    ):
+        mine = [line for line in lines if line["task_id"] == str(task.pk)]
+        assert [line["event"] for line in mine] == [f"task.{event}" for event in events]
+        assert [
+            (line["from_status"], line["to_status"], line["attempt"], line["worker_id"])
+            for line in mine
+        ] == list(
+            TaskEvent.objects.filter(task=task)
+            .order_by("id")
+            .values_list("from_status", "to_status", "attempt", "worker_id")
+        )
+        assert mine[0]["from_status"] is None and mine[0]["to_status"] == S.PENDING
+        assert mine[0]["duration_ms"] is None
+        assert all(line["duration_ms"] >= 0 for line in mine[1:])
+
+
+@pytest.mark.django_db
+def test_transitions__no_line_for_a_rolled_back_transition(
+    caplog: pytest.LogCaptureFixture,
+    django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    caplog.set_level(logging.INFO, logger="taskforge.transitions")
+    task = TaskFactory(queue=QueueFactory())
+
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        try:
+            with transaction.atomic():
+                transitions.cancel([task])
+                raise RuntimeError("roll back")
+        except RuntimeError:
+            pass
+
+    assert callbacks == []
+    assert json_lines(caplog, "taskforge.transitions") == []
+
+
+# --- requests ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_request_log__one_json_line_per_request(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="taskforge.request")
+
+    client.get("/healthz?token=do-not-log-me")
+
+    [line] = json_lines(caplog, "taskforge.request")
+    assert set(line) == REQUEST_FIELDS | {"ts", "level", "logger", "event"}
+    assert line["event"] == "http.request"
+    assert line["method"] == "GET"
+    assert line["path"] == "/healthz"  # no query string: it may carry secrets
+    assert line["status"] == 200
+    assert isinstance(line["duration_ms"], float) and line["duration_ms"] >= 0
+    assert line["remote_addr"] == "127.0.0.1"
+    assert line["pid"] == os.getpid()
+    assert "do-not-log-me" not in json.dumps(line)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        ("get", "/queues", 401),  # no key
+        ("get", "/nowhere", 404),
+        ("post", "/healthz", 405),
+        ("get", "/boom/django/runtime", 500),
+    ],
+)
+@pytest.mark.urls("tests.urls_boom")
+def test_request_log__logs_error_answers_too(
+    caplog: pytest.LogCaptureFixture, method: str, path: str, expected: int
+) -> None:
+    caplog.set_level(logging.INFO, logger="taskforge.request")
+    client = Client(raise_request_exception=False)
+
+    response = getattr(client, method)(path)
+
+    assert response.status_code == expected
+    [line] = json_lines(caplog, "taskforge.request")
+    assert (line["method"], line["path"], line["status"]) == (method.upper(), path, expected)
+
+
+@pytest.mark.django_db
+def test_request_log__sees_answers_of_other_middleware(
+    client: Client, caplog: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    """Outermost middleware: a 413 from the size guard is logged too."""
+    caplog.set_level(logging.INFO, logger="taskforge.request")
+    settings.TASKFORGE_MAX_REQUEST_BYTES = 10
+
+    response = client.post("/queues", data="x" * 100, content_type="application/json")
+
+    assert response.status_code == 413
+    [line] = json_lines(caplog, "taskforge.request")
+    assert line["status"] == 413
+
+
+def test_settings__one_logging_configuration_all_json() -> None:
+    assert settings.MIDDLEWARE[0] == "taskforge.api.request_log.RequestLogMiddleware"
+    logging_config = settings.LOGGING
+    assert logging_config["formatters"] == {"json": {"()": "taskforge.lib.logging.JsonFormatter"}}
+    assert all(h["formatter"] == "json" for h in logging_config["handlers"].values())
+    assert isinstance(logging.getLogger().handlers[0].formatter, JsonFormatter)

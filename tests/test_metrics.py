@@ -1,0 +1,588 @@
+"""GET /metrics: counted metrics after known activity, database gauges, token auth,
+and values summed across gunicorn workers and loop processes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.conf import settings
+from django.db import OperationalError, connection
+from django.test import Client
+from django.urls import resolve
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+from rest_framework import status
+from rest_framework.test import APIClient
+
+from queues.models import Queue
+from queues.tests.factories import QueueFactory
+from taskforge import metrics, urls
+from taskforge.api import metrics as metrics_views
+from taskforge.api.models import ApiKey
+from tasks import transitions
+from tasks.dispatcher import DispatcherLoop
+from tasks.models import Task, TaskStatus
+from tasks.tests.factories import TaskFactory
+from workers.models import Worker
+
+S = TaskStatus
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+TRANSITION_FIELDS = {
+    "ts",
+    "event",
+    "task_id",
+    "queue",
+    "worker_id",
+    "from_status",
+    "to_status",
+    "attempt",
+    "duration_ms",
+}
+
+
+def parse(text: str) -> Samples:
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def scrape(client: Client, **headers: str) -> Samples:
+    response = client.get("/metrics", headers=headers)
+    assert response.status_code == status.HTTP_200_OK, response.content
+    assert response["Content-Type"].startswith("text/plain")
+    return parse(response.content.decode())
+
+
+def depth(samples: Samples, queue: str) -> dict[str, float | None]:
+    return {
+        s: value(samples, "taskforge_queue_depth", queue=queue, status=s)
+        for s in metrics.DEPTH_STATUSES
+    }
+
+
+def unique(name: str) -> str:
+    """A queue name no other run counted: counters outlive a test (and, in
+    multiprocess mode, the test process)."""
+    return f"m-{name}-{uuid.uuid4().hex[:8]}"
+
+
+def dispatch() -> None:
+    loop = DispatcherLoop()
+    while loop.tick():
+        pass
+
+
+# --- counted metrics, in this process -------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("redis_client")
+def test_metrics__enqueue_3_ack_2_dead_1(
+    producer_client: APIClient,
+    worker_client: APIClient,
+    django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    """Counters count committed transitions made through the API, exactly."""
+    queue = QueueFactory(name=unique("activity"), max_retries=3)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        for n in range(3):
+            response = producer_client.post(
+                f"/queues/{queue.name}/tasks", {"payload": {"n": n}}, format="json"
+            )
+            assert response.status_code == status.HTTP_201_CREATED
+    with django_capture_on_commit_callbacks(execute=True):
+        dispatch()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = worker_client.post(
+            "/workers/claim",
+            {"worker_id": "w1", "queues": [queue.name], "max_tasks": 3},
+            format="json",
+        )
+        claimed = [task["id"] for task in response.json()["tasks"]]
+        assert len(claimed) == 3
+    with django_capture_on_commit_callbacks(execute=True):
+        for task_id in claimed[:2]:
+            response = worker_client.post(
+                "/workers/ack", {"worker_id": "w1", "task_id": task_id}, format="json"
+            )
+            assert response.status_code == status.HTTP_200_OK
+        response = worker_client.post(
+            "/workers/nack",
+            {"worker_id": "w1", "task_id": claimed[2], "error": "boom", "retry": False},
+            format="json",
+        )
+        assert response.json()["status"] == S.DEAD
+
+    samples = scrape(Client())
+
+    q = queue.name
+    assert value(samples, "taskforge_tasks_enqueued_total", queue=q) == 3
+    assert value(samples, "taskforge_tasks_completed_total", queue=q, status="done") == 2
+    assert value(samples, "taskforge_tasks_completed_total", queue=q, status="dead") == 1
+    assert value(samples, "taskforge_task_execution_duration_seconds_count", queue=q) == 2
+    assert value(samples, "taskforge_task_execution_duration_seconds_bucket", queue=q, le="+Inf")
+    assert depth(samples, q) == dict.fromkeys(metrics.DEPTH_STATUSES, 0)
+    assert value(samples, "taskforge_dlq_depth", queue=q) == 1
+
+
+@pytest.mark.django_db
+def test_metrics__duration_is_claim_to_ack(
+    django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    queue = QueueFactory(name=unique("duration"))
+    task = TaskFactory(queue=queue, status=S.CLAIMED)
+    claimed_at = timezone.now()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        transitions.hand_out([task], worker_id="w1", now=claimed_at)
+        transitions.ack(task, result=None, now=claimed_at + timedelta(seconds=1.5))
+
+    samples = scrape(Client())
+    histogram = "taskforge_task_execution_duration_seconds"
+    assert value(samples, f"{histogram}_sum", queue=queue.name) == pytest.approx(1.5)
+    assert value(samples, f"{histogram}_count", queue=queue.name) == 1
+    assert value(samples, f"{histogram}_bucket", queue=queue.name, le="1.0") == 0
+    assert value(samples, f"{histogram}_bucket", queue=queue.name, le="2.5") == 1
+    assert value(samples, f"{histogram}_bucket", queue=queue.name, le="0.005") == 0
+    assert value(samples, f"{histogram}_bucket", queue=queue.name, le="3600.0") == 1
+
+
+def test_metrics__counting_never_raises_into_the_commit(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A committed ack must not become a failed request because a metric failed."""
+
+    def broken(**labels: str) -> Any:
+        raise OSError("multiprocess directory is gone")
+
+    monkeypatch.setattr(metrics, "_enqueued", metrics._Children(SimpleNamespace(labels=broken)))
+    line = {"queue": "q", "from_status": None, "to_status": S.PENDING, "duration_ms": None}
+
+    metrics.on_transitions("task.created", [line])
+
+    assert [r.getMessage() for r in caplog.records] == ["metrics.count_failed"]
+
+
+# --- gauges, read from Postgres --------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_metrics__depth_and_dlq_depth_by_live_status() -> None:
+    queue = QueueFactory(name=unique("depth"))
+    empty = QueueFactory(name=unique("empty"))
+    TaskFactory(queue=queue)  # due
+    TaskFactory(queue=queue, scheduled_at=timezone.now() + timedelta(hours=1))
+    for state in (S.CLAIMED, S.EXECUTING, S.RETRY, S.DEAD, S.DEAD, S.DONE, S.CANCELLED):
+        TaskFactory(queue=queue, status=state)
+
+    samples = scrape(Client())
+
+    assert depth(samples, queue.name) == {
+        "pending": 1,
+        "scheduled": 1,
+        "claimed": 1,
+        "executing": 1,
+        "retry": 1,
+    }
+    assert value(samples, "taskforge_dlq_depth", queue=queue.name) == 2
+    # A queue without live tasks still has its series, at 0.
+    assert depth(samples, empty.name) == dict.fromkeys(metrics.DEPTH_STATUSES, 0)
+    assert value(samples, "taskforge_dlq_depth", queue=empty.name) == 0
+
+
+@pytest.mark.django_db
+def test_metrics__heartbeat_age_of_workers_seen_in_the_last_hour() -> None:
+    now = timezone.now()
+    Worker.objects.create(worker_id="w-recent", last_seen_at=now - timedelta(seconds=10))
+    Worker.objects.create(worker_id="w-gone", last_seen_at=now - timedelta(hours=2))
+
+    samples = scrape(Client())
+
+    age = value(samples, "taskforge_worker_heartbeat_age_seconds", worker_id="w-recent")
+    assert age is not None and 10 <= age < 20
+    assert value(samples, "taskforge_worker_heartbeat_age_seconds", worker_id="w-gone") is None
+
+
+def test_metrics__counters_still_scrape_when_postgres_fails(
+    client: Client, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def down() -> Any:
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(metrics.DatabaseGauges, "_read", staticmethod(down))
+
+    response = client.get("/metrics")
+
+    assert response.status_code == status.HTTP_200_OK
+    assert b"# TYPE taskforge_tasks_enqueued_total counter" in response.content
+    assert b"taskforge_queue_depth" not in response.content
+    assert "metrics.gauges_unavailable" in [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.django_db
+def test_metrics__request_metrics_of_django_prometheus(client: Client) -> None:
+    before = value(scrape(client), "django_http_requests_total_by_method_total", method="GET") or 0
+
+    client.get("/healthz")
+
+    after = value(scrape(client), "django_http_requests_total_by_method_total", method="GET")
+    assert after == before + 2  # /healthz and this scrape (a scrape counts itself)
+
+
+# --- the endpoint ----------------------------------------------------------------------
+
+
+def test_metrics__one_route() -> None:
+    routes = [p for p in urls.urlpatterns if "metrics" in str(getattr(p, "pattern", ""))]
+    assert [str(p.pattern) for p in routes] == ["metrics"]
+    assert resolve("/metrics").func is metrics_views.metrics
+
+
+@pytest.mark.django_db
+def test_metrics__open_without_a_token_configured(client: Client, settings: Any) -> None:
+    settings.TASKFORGE_METRICS_TOKEN = ""
+
+    response = client.get("/metrics")
+
+    assert response.status_code == status.HTTP_200_OK
+    assert b"# TYPE taskforge_tasks_enqueued_total counter" in response.content
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong", "Bearer", "Basic s3cret", "s3cret", "Bearer s3cret-and-more"],
+)
+def test_metrics__token_required_when_configured(
+    client: Client, settings: Any, authorization: str | None
+) -> None:
+    settings.TASKFORGE_METRICS_TOKEN = "s3cret"
+    headers = {} if authorization is None else {"Authorization": authorization}
+
+    response = client.get("/metrics", headers=headers)
+
+    assert response.status_code == status.HTTP_401_UNAUTHORIZED
+    assert response.json() == {
+        "error": {
+            "code": "unauthenticated",
+            "message": "Missing or wrong metrics token (TASKFORGE_METRICS_TOKEN).",
+        }
+    }
+    assert response["WWW-Authenticate"] == 'Bearer realm="taskforge-metrics"'
+
+
+@pytest.mark.django_db
+def test_metrics__an_api_key_is_not_the_metrics_token(client: Client, settings: Any) -> None:
+    settings.TASKFORGE_METRICS_TOKEN = "s3cret"
+    _, key = ApiKey.issue(name="admin", role="admin")
+
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {key}"})
+
+    assert response.status_code == status.HTTP_401_UNAUTHORIZED
+
+
+@pytest.mark.django_db
+def test_metrics__right_token(client: Client, settings: Any) -> None:
+    settings.TASKFORGE_METRICS_TOKEN = "s3cret"
+
+    response = client.get("/metrics", headers={"Authorization": "Bearer s3cret"})
+
+    assert response.status_code == status.HTTP_200_OK
+
+
+@pytest.mark.django_db
+def test_metrics__openmetrics_when_asked(client: Client) -> None:
+    response = client.get("/metrics", headers={"Accept": "application/openmetrics-text"})
+
+    assert response.status_code == status.HTTP_200_OK
+    assert response["Content-Type"].startswith("application/openmetrics-text")
+    assert response.content.endswith(b"# EOF\n")
+
+
+def test_metrics__get_only(client: Client) -> None:
+    response = client.post("/metrics")
+
+    assert response.status_code == status.HTTP_405_METHOD_NOT_ALLOWED
+    assert response.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_child_exit__forgets_live_gauges_keeps_counters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metrics, "MULTIPROC_DIR", str(tmp_path))
+    ident = metrics.process_identifier(4242)
+    (tmp_path / f"gauge_livesum_{ident}.db").write_bytes(b"")
+    (tmp_path / f"counter_{ident}.db").write_bytes(b"")
+
+    metrics.child_exit(None, SimpleNamespace(pid=4242))
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"counter_{ident}.db"]
+
+
+# --- across processes: two gunicorn workers and a loop ------------------------------------
+
+BASE_DIR = Path(settings.BASE_DIR)
+TOKEN = "multiprocess-test-token"
+# <type>_<host>-<pid>.db: every file, django-prometheus's too, is named by host and pid.
+FILE_NAME = re.compile(r"^(counter|histogram|summary|gauge_[a-z]+)_([A-Za-z0-9.-]+)-(\d+)\.db$")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    auth = quote(db["USER"] or "", safe="")
+    if db.get("PASSWORD"):
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    host = db.get("HOST") or "127.0.0.1"
+    return f"postgres://{auth}@{host}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def process_env(tmp_path: Path) -> dict[str, str]:
+    """Environment of the API and loop processes: the test database, one metrics dir."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKFORGE_", "PROMETHEUS"))}
+    env.update(
+        DATABASE_URL=_database_url(),
+        REDIS_URL=settings.REDIS_URL,
+        SECRET_KEY="multiprocess-test",
+        DATABASE_POOL_MAX="4",
+        LOG_LEVEL="INFO",
+        PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"),
+        TASKFORGE_METRICS_TOKEN=TOKEN,
+    )
+    return env
+
+
+class Api:
+    def __init__(self, base: str, key: str, log: Path) -> None:
+        self.base, self.key, self.log = base, key, log
+
+    def call(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
+        request = urllib.request.Request(
+            self.base + path,
+            method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {token or self.key}",
+                "Content-Type": "application/json",
+            },
+        )
+        # urllib sends `Connection: close`: every call is a new connection,
+        # which either worker may accept.
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+
+    def scrape(self) -> Samples:
+        code, body = self.call("GET", "/metrics", token=TOKEN)
+        assert code == status.HTTP_200_OK
+        return parse(body.decode())
+
+    def request_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for raw in self.log.read_text().splitlines():
+            if raw.startswith("{"):
+                line = json.loads(raw)
+                if line.get("event") == "http.request":
+                    lines.append(line)
+        return lines
+
+
+@pytest.fixture
+def api(process_env: dict[str, str], tmp_path: Path) -> Iterator[Api]:
+    """gunicorn with 2 workers (the project's gunicorn.conf.py) on a free port."""
+    _, key = ApiKey.issue(name="multiprocess", role="admin")
+    port = _free_port()
+    log = tmp_path / "gunicorn.log"
+    env = {
+        **process_env,
+        "TASKFORGE_BIND": f"127.0.0.1:{port}",
+        "TASKFORGE_WEB_WORKERS": "2",
+        "TASKFORGE_WEB_THREADS": "4",
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "taskforge.wsgi",
+                "-c",
+                "gunicorn.conf.py",
+                # Not the per-user default socket another gunicorn on this host may hold.
+                "--no-control-socket",
+            ],
+            cwd=BASE_DIR,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    server = Api(f"http://127.0.0.1:{port}", key, log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if server.call("GET", "/healthz")[0] == status.HTTP_200_OK:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _run_loop(command: str, env: dict[str, str]) -> tuple[list[dict[str, Any]], int]:
+    """`manage.py <command> --once` in its own process; its JSON log lines and pid."""
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", command, "--once"],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    return [json.loads(raw) for raw in stderr.splitlines() if raw.startswith("{")], proc.pid
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("redis_client")
+def test_metrics__summed_across_gunicorn_workers_and_loop_processes(
+    api: Api, process_env: dict[str, str]
+) -> None:
+    Queue.objects.create(name="mp", max_retries=3)
+    posted = 0
+
+    def enqueue(n: int) -> int:
+        code, _ = api.call("POST", "/queues/mp/tasks", {"payload": {"n": n}})
+        return code
+
+    # Concurrent new connections until both workers have served enqueues.
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for _ in range(20):
+            codes = list(pool.map(enqueue, range(posted, posted + 16)))
+            assert codes == [status.HTTP_201_CREATED] * 16
+            posted += 16
+            lines = api.request_lines()
+            pids = {line["pid"] for line in lines if line["path"] == "/queues/mp/tasks"}
+            if len(pids) == 2:
+                break
+    assert len(pids) == 2, "one worker served every request"
+    assert [line["status"] for line in lines if line["path"] == "/queues/mp/tasks"] == [
+        201
+    ] * posted
+
+    samples = api.scrape()
+
+    assert value(samples, "taskforge_tasks_enqueued_total", queue="mp") == posted
+    assert value(samples, "taskforge_queue_depth", queue="mp", status="pending") == posted
+    # django-prometheus's request metrics are summed as well.
+    assert (
+        value(
+            samples,
+            "django_http_responses_total_by_status_view_method_total",
+            status="201",
+            view="task-list",
+            method="POST",
+        )
+        == posted
+    )
+
+    # Acks in whichever worker the request lands on: completed and the histogram.
+    _run_loop("run_dispatcher", process_env)
+    code, body = api.call(
+        "POST", "/workers/claim", {"worker_id": "w1", "queues": ["mp"], "max_tasks": 100}
+    )
+    assert code == status.HTTP_200_OK
+    claimed = [task["id"] for task in json.loads(body)["tasks"]]
+    assert len(claimed) == min(posted, 100)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        codes = list(
+            pool.map(
+                lambda task_id: api.call(
+                    "POST", "/workers/ack", {"worker_id": "w1", "task_id": task_id}
+                )[0],
+                claimed,
+            )
+        )
+    assert codes == [status.HTTP_200_OK] * len(claimed)
+    ack_pids = {line["pid"] for line in api.request_lines() if line["path"] == "/workers/ack"}
+
+    samples = api.scrape()
+
+    assert value(samples, "taskforge_tasks_completed_total", queue="mp", status="done") == len(
+        claimed
+    )
+    assert value(samples, "taskforge_task_execution_duration_seconds_count", queue="mp") == len(
+        claimed
+    )
+    assert value(samples, "taskforge_queue_depth", queue="mp", status="pending") == (
+        posted - len(claimed)
+    )
+
+    # A loop process: the watchdog makes an expired lease's task dead.
+    doomed = Queue.objects.create(name="mp-doomed", max_retries=0)
+    task = TaskFactory(queue=doomed, status=S.EXECUTING)
+    Task.objects.filter(pk=task.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    lines, watchdog_pid = _run_loop(
+        "run_watchdog", {**process_env, "TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS": "5"}
+    )
+
+    transition_lines = [line for line in lines if line.get("task_id") == str(task.pk)]
+    assert [line["event"] for line in transition_lines] == ["task.dead_lettered"]
+    assert TRANSITION_FIELDS <= set(transition_lines[0])
+    assert transition_lines[0]["from_status"] == S.EXECUTING
+    assert transition_lines[0]["to_status"] == S.DEAD
+
+    samples = api.scrape()
+
+    assert value(samples, "taskforge_tasks_completed_total", queue="mp-doomed", status="dead") == 1
+    assert value(samples, "taskforge_dlq_depth", queue="mp-doomed") == 1
+    assert value(samples, "taskforge_queue_depth", queue="mp-doomed", status="executing") == 0
+
+    # Files: one set per process that counted, named by host and pid.
+    files = [path.name for path in Path(process_env["PROMETHEUS_MULTIPROC_DIR"]).iterdir()]
+    matches = [FILE_NAME.match(name) for name in files]
+    assert all(matches), files
+    counter_pids = {int(m.group(3)) for m in matches if m and m.group(1) == "counter"}
+    assert pids | ack_pids <= counter_pids
+    assert watchdog_pid in counter_pids
