@@ -9,6 +9,7 @@ VENV := .venv
 BIN := $(abspath $(VENV))/bin
 # Reinstall when pyproject.toml is newer than this file.
 STAMP := $(VENV)/.installed
+BROWSER_STAMP := $(VENV)/.browser
 DATA := .taskforge
 DEVSERVICES := $(BIN)/python -m taskforge.devservices
 
@@ -44,9 +45,21 @@ run: $(STAMP)
 	rm -rf $(DATA)/prometheus && mkdir -p $(DATA)/prometheus
 	PROMETHEUS_MULTIPROC_DIR=$(abspath $(DATA))/prometheus $(DEVSERVICES) run --data $(DATA) --setup -- honcho start || [ $$? -eq 130 ]
 
+# The dashboard's browser tests drive Debian's Chromium. Install it when we can (root with
+# apt-get); otherwise those tests skip and say why.
+$(BROWSER_STAMP): | $(STAMP)
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "Installing Debian's chromium for the dashboard's browser tests"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      chromium fonts-dejavu-core >/dev/null; } \
+	  || echo "chromium could not be installed: the browser tests will be skipped"; \
+	else echo "no chromium (apt-get install chromium): the browser tests will be skipped"; fi
+	@touch $@
+
 # pytest's exit code 5 means "no tests collected": an error when ARGS selected nothing,
 # accepted for the whole suite (a project with no tests yet is not a failing project).
-test: $(STAMP)
+test: $(STAMP) $(BROWSER_STAMP)
 	@echo "+ pytest $(ARGS)"
 	@$(DEVSERVICES) run --throwaway -- python -m pytest $(ARGS) \
 	  $(if $(strip $(ARGS)),,|| { rc=$$?; [ $$rc -eq 5 ] && echo "pytest: no tests collected" && exit 0; exit $$rc; })

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from dlq.api import views as dlq_views
@@ -53,5 +53,7 @@ urlpatterns = [
     path("workers/nack", worker_views.NackView.as_view(), name="worker-nack"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    # The operator dashboard; before the admin site, whose catch-all would take it.
+    path("admin/dashboard/", include("taskforge.dashboard.urls")),
     path("admin/", admin.site.urls),
 ]

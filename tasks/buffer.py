@@ -7,6 +7,9 @@ TaskForge runs unchanged on Redis Cluster:
   in Postgres), scored by priority then `scheduled_at` (see `score`).
 - `tf:{<queue-id>}:bucket` hash `{tokens, ts}`: the queue's token bucket.
 
+per task, `tf:{<task-id>}:hb`, a capped list of its recent heartbeat times
+(a diagnostic for the dashboard, see `workers.heartbeats`),
+
 and one pub/sub channel, `tf:wake`, on which the dispatcher names the queues
 it just filled so waiting long polls try again at once.
 
@@ -43,6 +46,11 @@ def ready_key(queue_id: uuid.UUID | str) -> str:
 
 def bucket_key(queue_id: uuid.UUID | str) -> str:
     return f"tf:{{{queue_id}}}:bucket"
+
+
+def heartbeats_key(task_id: uuid.UUID | str) -> str:
+    """Capped list of a task's recent heartbeat times (workers.heartbeats)."""
+    return f"tf:{{{task_id}}}:hb"
 
 
 def score(priority: int, scheduled_at: datetime) -> int:

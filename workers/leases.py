@@ -23,6 +23,7 @@ from taskforge.conf import conf
 from tasks import sql, transitions
 from tasks.exceptions import LeaseLost
 from tasks.models import Task, TaskStatus
+from workers import heartbeats
 
 S = TaskStatus
 
@@ -67,6 +68,7 @@ def heartbeat(worker_id: str, items: Sequence[Item]) -> list[Outcome]:
             },
         )
         beaten = {str(task_id): at for task_id, at in cursor.fetchall()}
+    heartbeats.record(beaten, now)  # the dashboard's heartbeat history
     return [
         Outcome(item.task_id, heartbeat_at=beaten[item.task_id])
         if item.task_id in beaten

@@ -1,0 +1,91 @@
+"""Queues in the Django admin; every write goes through `queues.services`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse, reverse_lazy
+from django.utils.html import format_html
+
+from queues import services
+from queues.models import Queue
+
+# The admin's "View site" link leads to the operator dashboard.
+admin.site.site_url = reverse_lazy("dashboard:overview")
+admin.site.site_header = "TaskForge admin"
+admin.site.site_title = "TaskForge admin"
+admin.site.index_title = "Data"
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    list_display = ("name", "paused", "max_retries", "rate_limit", "created_at", "dashboard")
+    list_filter = ("paused",)
+    search_fields = ("name",)
+    ordering = ("name",)
+    actions = ("pause", "resume", "purge")
+    readonly_fields = ("created_at",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Queue | None = None) -> Any:
+        # The name is the queue's identity in the API and in workers' configs.
+        return ("name", "created_at") if obj is not None else ("created_at",)
+
+    @admin.display(description="Tasks")
+    def dashboard(self, queue: Queue) -> str:
+        url = reverse("dashboard:tasks") + f"?queue={queue.name}"
+        return format_html('<a href="{}">Inspect tasks</a>', url)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Queue | None = None) -> bool:
+        # The admin's delete page would list every task of the queue (millions);
+        # DELETE /queues/:name refuses a queue with live tasks and is the way.
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Queue, form: ModelForm, change: bool) -> None:
+        fields = {name: form.cleaned_data[name] for name in form.changed_data if name != "name"}
+        if change:
+            services.update_queue(obj, **fields)
+            return
+        # The form's unique check has refused a taken name already.
+        created = services.create_queue(obj.name, **fields)
+        obj.pk, obj.created_at = created.pk, created.created_at
+        obj._state.adding = False
+
+    @admin.action(description="Pause selected queues")
+    def pause(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        for queue in queryset:
+            services.update_queue(queue, paused=True)
+        self.message_user(request, f"Paused {len(queryset)} queue(s).", messages.SUCCESS)
+
+    @admin.action(description="Resume selected queues")
+    def resume(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        for queue in queryset:
+            services.update_queue(queue, paused=False)
+        self.message_user(request, f"Resumed {len(queryset)} queue(s).", messages.SUCCESS)
+
+    @admin.action(description="Purge selected queues (cancel every task not started)…")
+    def purge(self, request: HttpRequest, queryset: QuerySet[Queue]) -> HttpResponse | None:
+        queues = list(queryset)
+        if request.POST.get("confirmed") != "yes":
+            return TemplateResponse(
+                request,
+                "admin/queues/queue/purge_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Purge queues?",
+                    "queues": queues,
+                    "opts": self.model._meta,
+                    "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        cancelled = sum(services.purge_queue(queue) for queue in queues)
+        self.message_user(
+            request,
+            f"Purged {len(queues)} queue(s): {cancelled:,} tasks cancelled.",
+            messages.SUCCESS,
+        )
+        return None

@@ -1,0 +1,218 @@
+"""Read queries of the task inspector and the DLQ browser.
+
+Both lists are newest first and keyset-paginated, so a page costs one index
+range scan however deep it is and nothing ever counts the matching rows:
+
+- tasks, one queue: task_queue_created_idx (queue, -created_at, -id), or
+  task_queue_status_new_idx (queue, status, -created_at, -id) with a status;
+- tasks, one worker: task_claimed_by_idx (claimed_by, -created_at);
+- tasks, all queues: one `LIMIT n` branch per queue on the same indexes, glued
+  with UNION ALL and cut to n again (Postgres cannot merge an index across the
+  queue prefix by itself, and sorting all tasks of every queue would read the
+  whole table);
+- DLQ entries: dlq_queue_died_idx (queue, -died_at), the same way.
+
+The cursor condition `(t, id) < (t0, id0)` is written `t <= t0 AND (t < t0 OR
+id < id0)`: the first half bounds the index range, the second drops the ties
+already shown.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Model, Q, QuerySet
+
+from dlq.models import DeadLetterTask
+from queues.models import Queue
+from taskforge.lib.timeutil import isoformat, parse_time
+from tasks.models import Task, TaskStatus
+
+PAGE_SIZE = 50
+# Columns the task list shows; payload and result can be large and stay out.
+TASK_LIST_FIELDS = (
+    "id",
+    "queue",
+    "status",
+    "priority",
+    "attempts",
+    "max_retries",
+    "claimed_by",
+    "last_error",
+    "created_at",
+    "updated_at",
+    "scheduled_at",
+)
+DLQ_LIST_FIELDS = (
+    "task",
+    "queue",
+    "last_error",
+    "attempts",
+    "died_at",
+    "replayed_at",
+    "replay_count",
+)
+
+
+class BadCursor(ValueError):
+    """Not a cursor this list gave out."""
+
+
+def encode_cursor(at: datetime, pk: uuid.UUID) -> str:
+    raw = json.dumps([isoformat(at), str(pk)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str) -> tuple[datetime, uuid.UUID]:
+    """Raises: BadCursor."""
+    try:
+        padded = text + "=" * (-len(text) % 4)
+        at, pk = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        return parse_time(at), uuid.UUID(pk)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
+        raise BadCursor(str(exc)) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    queue: Queue | None = None
+    status: str | None = None
+    worker_id: str | None = None
+    created_after: datetime | None = None  # exclusive, as the API's filters
+    created_before: datetime | None = None
+    cursor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    rows: list[Any]
+    next_cursor: str | None
+
+
+def _after(time_field: str, pk_field: str, cursor: str | None) -> Q:
+    if cursor is None:
+        return Q()
+    at, pk = decode_cursor(cursor)
+    return Q(**{f"{time_field}__lte": at}) & (
+        Q(**{f"{time_field}__lt": at}) | Q(**{f"{pk_field}__lt": pk})
+    )
+
+
+def _newest_first(
+    per_queue: QuerySet[Any],
+    queue_ids: Sequence[uuid.UUID],
+    order: Sequence[str],
+    limit: int,
+) -> list[Any]:
+    """The newest `limit` rows of `per_queue` over `queue_ids`, one branch per queue."""
+    branches = [per_queue.filter(queue_id=qid).order_by(*order)[:limit] for qid in queue_ids]
+    if not branches:
+        return []
+    if len(branches) == 1:
+        return list(branches[0])
+    return list(branches[0].union(*branches[1:], all=True).order_by(*order)[:limit])
+
+
+def _page(rows: list[Model], limit: int, time_field: str, pk_field: str) -> Page:
+    if len(rows) <= limit:
+        return Page(rows, None)
+    rows = rows[:limit]
+    last = rows[-1]
+    return Page(rows, encode_cursor(getattr(last, time_field), getattr(last, pk_field)))
+
+
+def task_page(filters: TaskFilter, *, limit: int | None = None) -> Page:
+    """One page of tasks matching `filters`, newest first.
+
+    Raises: BadCursor.
+    """
+    limit = limit or PAGE_SIZE
+    tasks = Task.objects.only(*TASK_LIST_FIELDS)
+    if filters.status:
+        tasks = tasks.filter(status=filters.status)
+    if filters.created_after:
+        tasks = tasks.filter(created_at__gt=filters.created_after)
+    if filters.created_before:
+        tasks = tasks.filter(created_at__lt=filters.created_before)
+    tasks = tasks.filter(_after("created_at", "id", filters.cursor))
+    order = ("-created_at", "-id")
+    if filters.worker_id:
+        tasks = tasks.filter(claimed_by=filters.worker_id)
+        if filters.queue is not None:
+            tasks = tasks.filter(queue=filters.queue)
+        rows = list(tasks.order_by(*order)[: limit + 1])
+    else:
+        queue_ids = (
+            [filters.queue.pk]
+            if filters.queue is not None
+            else list(Queue.objects.order_by("name").values_list("id", flat=True))
+        )
+        rows = _newest_first(tasks, queue_ids, order, limit + 1)
+    return _page(rows, limit, "created_at", "id")
+
+
+@dataclass(frozen=True, slots=True)
+class DlqFilter:
+    queue: Queue | None = None
+    died_after: datetime | None = None  # exclusive
+    died_before: datetime | None = None
+    cursor: str | None = None
+
+
+def dlq_entries(filters: DlqFilter) -> QuerySet[DeadLetterTask]:
+    """Entries of tasks dead now (a replayed task keeps its entry) matching `filters`."""
+    entries = DeadLetterTask.objects.filter(task__status=TaskStatus.DEAD)
+    if filters.queue is not None:
+        entries = entries.filter(queue=filters.queue)
+    if filters.died_after:
+        entries = entries.filter(died_at__gt=filters.died_after)
+    if filters.died_before:
+        entries = entries.filter(died_at__lt=filters.died_before)
+    return entries
+
+
+def dlq_page(filters: DlqFilter, *, limit: int | None = None) -> Page:
+    """One page of DLQ entries, most recent death first.
+
+    Raises: BadCursor.
+    """
+    limit = limit or PAGE_SIZE
+    entries = (
+        dlq_entries(filters)
+        .only(*DLQ_LIST_FIELDS)
+        .filter(_after("died_at", "task_id", filters.cursor))
+    )
+    queue_ids = (
+        [filters.queue.pk]
+        if filters.queue is not None
+        else list(Queue.objects.order_by("name").values_list("id", flat=True))
+    )
+    rows = _newest_first(entries, queue_ids, ("-died_at", "-task_id"), limit + 1)
+    return _page(rows, limit, "died_at", "task_id")
+
+
+def dlq_depths() -> list[tuple[Queue, int]]:
+    """Every queue with its number of dead tasks: one index range count per queue
+    (task_queue_status_idx), bounded by the size of the DLQ, never by history."""
+    return [
+        (queue, Task.objects.filter(queue=queue, status=TaskStatus.DEAD).count())
+        for queue in Queue.objects.order_by("name")
+    ]
+
+
+def matching_dlq_ids(filters: DlqFilter, queue: Queue, *, batch: int) -> list[list[str]]:
+    """Ids of every matching dead task of `queue`, in batches (for "replay all matching")."""
+    ids = [
+        str(pk)
+        for pk in dlq_entries(DlqFilter(queue, filters.died_after, filters.died_before))
+        .order_by("-died_at", "-task_id")
+        .values_list("task_id", flat=True)
+    ]
+    return [ids[start : start + batch] for start in range(0, len(ids), batch)]

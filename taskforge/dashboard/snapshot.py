@@ -1,0 +1,190 @@
+"""The queue overview: one snapshot of every queue's health.
+
+The overview page renders it and the SSE stream sends it every ~2 s.  Cost per
+snapshot: two queries per queue (`tasks.stats.queue_stats`: live-status counts
+over task_queue_status_idx, last-minute event counts over
+taskevent_queue_at_idx), one aggregate over the small workers table, and a
+queue list.  A process computes it at most once per `MAX_AGE_SECONDS`, however
+many browsers watch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Q
+from django.urls import reverse
+from django.utils import timezone
+
+from queues.models import Queue
+from taskforge.conf import conf
+from taskforge.dashboard import formatting as fmt
+from taskforge.lib.timeutil import isoformat
+from tasks.stats import queue_stats
+from workers.models import Worker
+
+# Health thresholds: a queue is critical when most attempts fail or work waits
+# for minutes, and needs attention (warn) on a smaller signal of the same kind.
+ERROR_RATE_CRIT = 0.5
+ERROR_RATE_WARN = 0.1
+WAIT_CRIT_SECONDS = 300.0
+WAIT_WARN_SECONDS = 60.0
+
+WORKERS_SEEN_WITHIN = timedelta(hours=1)  # as GET /workers
+MAX_AGE_SECONDS = 1.5
+
+OK, WARN, CRIT = "ok", "warn", "crit"
+_RANK = {OK: 0, WARN: 1, CRIT: 2}
+LABELS = {OK: "Healthy", WARN: "Attention", CRIT: "Critical"}
+
+
+def queue_health(stats: dict[str, Any]) -> tuple[str, list[str]]:
+    """(level, reasons) of one queue from its stats, worst reason first."""
+    found: list[tuple[str, str]] = []
+    error_rate = stats["error_rate"] or 0
+    wait = stats["oldest_pending_age_seconds"]
+    depth = stats["depth"]
+    if error_rate >= ERROR_RATE_CRIT:
+        found.append((CRIT, f"{fmt.percent(error_rate)} of attempts failing"))
+    elif error_rate >= ERROR_RATE_WARN:
+        found.append((WARN, f"{fmt.percent(error_rate)} of attempts failing"))
+    if stats["paused"]:
+        waiting = depth["pending"] + depth["claimed"] + depth["retry"]
+        found.append((WARN, f"paused, {fmt.number(waiting)} waiting" if waiting else "paused"))
+    elif wait is not None and wait >= WAIT_CRIT_SECONDS:
+        found.append((CRIT, f"oldest task waiting {fmt.age(wait)}"))
+    elif wait is not None and wait >= WAIT_WARN_SECONDS:
+        found.append((WARN, f"oldest task waiting {fmt.age(wait)}"))
+    if stats["dlq_depth"]:
+        found.append((WARN, f"{fmt.number(stats['dlq_depth'])} dead"))
+    found.sort(key=lambda item: -_RANK[item[0]])
+    level = found[0][0] if found else OK
+    return level, [reason for _, reason in found]
+
+
+def _cell_levels(stats: dict[str, Any]) -> dict[str, str]:
+    """Which cells of the row to colour, with the thresholds of queue_health()."""
+    levels = {}
+    error_rate = stats["error_rate"] or 0
+    if error_rate >= ERROR_RATE_WARN:
+        levels["error_rate"] = CRIT if error_rate >= ERROR_RATE_CRIT else WARN
+    wait = stats["oldest_pending_age_seconds"]
+    if wait is not None and wait >= WAIT_WARN_SECONDS:
+        levels["oldest_pending_age"] = CRIT if wait >= WAIT_CRIT_SECONDS else WARN
+    if stats["dlq_depth"]:
+        levels["dlq_depth"] = WARN
+    return levels
+
+
+def queue_row(queue: Queue, stats: dict[str, Any]) -> dict[str, Any]:
+    level, reasons = queue_health(stats)
+    depth = stats["depth"]
+    tasks_url = reverse("dashboard:tasks")
+    return {
+        "name": queue.name,
+        "paused": queue.paused,
+        "health": level,
+        "health_label": LABELS[level],
+        "reasons": reasons,
+        "levels": _cell_levels(stats),
+        "depth": depth,
+        "dlq_depth": stats["dlq_depth"],
+        "throughput_per_second": stats["throughput_per_second"],
+        "error_rate": stats["error_rate"],
+        "oldest_pending_age_seconds": stats["oldest_pending_age_seconds"],
+        "text": {
+            **{name: fmt.number(value) for name, value in depth.items()},
+            "dlq_depth": fmt.number(stats["dlq_depth"]),
+            "throughput": fmt.rate(stats["throughput_per_second"]),
+            "error_rate": fmt.percent(stats["error_rate"]),
+            "oldest_pending_age": fmt.age(stats["oldest_pending_age_seconds"]),
+            "reasons": "; ".join(reasons) if reasons else "all good",
+        },
+        "urls": {
+            "tasks": f"{tasks_url}?queue={queue.name}",
+            "dlq": f"{reverse('dashboard:dlq')}?queue={queue.name}",
+        },
+    }
+
+
+def build(now: datetime | None = None) -> dict[str, Any]:
+    """A fresh snapshot (queries the database)."""
+    now = now or timezone.now()
+    rows = [queue_row(queue, queue_stats(queue, now)) for queue in Queue.objects.order_by("name")]
+    stale_before = now - timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
+    # Uses the last_seen_at index; the table holds one row per worker name.
+    workers = Worker.objects.filter(last_seen_at__gte=now - WORKERS_SEEN_WITHIN).aggregate(
+        seen=Count("pk"), stale=Count("pk", filter=Q(last_seen_at__lt=stale_before))
+    )
+    active = workers["seen"] - workers["stale"]
+    unhealthy = [row for row in rows if row["health"] != OK]
+    unhealthy.sort(key=lambda row: (-_RANK[row["health"]], row["name"]))
+    waiting = sum(
+        row["depth"]["pending"] + row["depth"]["claimed"] for row in rows if not row["paused"]
+    )
+    alerts: list[dict[str, str]] = []
+    if waiting and active == 0:
+        alerts.append(
+            {"level": CRIT, "text": f"No active worker, and {fmt.number(waiting)} tasks are due"}
+        )
+    if workers["stale"]:
+        plural = "s" if workers["stale"] != 1 else ""
+        alerts.append(
+            {"level": WARN, "text": f"{workers['stale']} worker{plural} stopped heartbeating"}
+        )
+    levels = [row["health"] for row in unhealthy] + [alert["level"] for alert in alerts]
+    worst = max(levels, key=_RANK.__getitem__, default=OK)
+    return {
+        "at": isoformat(now),
+        "at_text": fmt.timestamp(now)[:19] + " UTC",
+        "queues": rows,
+        "workers": {"active": active, "stale": workers["stale"]},
+        "summary": {
+            "health": worst,
+            "title": _title(len(rows), len(unhealthy), bool(alerts)),
+            "unhealthy": [
+                {"name": row["name"], "health": row["health"], "why": row["text"]["reasons"]}
+                for row in unhealthy
+            ],
+            "alerts": alerts,
+            "queue_count": len(rows),
+        },
+    }
+
+
+def _title(queues: int, unhealthy: int, alerts: bool) -> str:
+    if unhealthy:
+        plural = "s" if queues != 1 else ""
+        verb = "needs" if unhealthy == 1 else "need"
+        return f"{unhealthy} of {queues} queue{plural} {verb} attention"
+    if alerts:
+        return "Queues healthy; workers need attention"
+    if queues:
+        return f"All {queues} queue{'s' if queues != 1 else ''} healthy"
+    return "No queues yet"
+
+
+_lock = threading.Lock()
+_cached: tuple[float, dict[str, Any]] | None = None
+
+
+def current() -> dict[str, Any]:
+    """The latest snapshot, rebuilt when older than MAX_AGE_SECONDS."""
+    global _cached
+    with _lock:
+        if _cached is not None and time.monotonic() - _cached[0] < MAX_AGE_SECONDS:
+            return _cached[1]
+    snapshot = build()
+    with _lock:
+        _cached = (time.monotonic(), snapshot)
+    return snapshot
+
+
+def invalidate() -> None:
+    """Forget the cached snapshot (after an action, so the next page shows it)."""
+    global _cached
+    with _lock:
+        _cached = None

@@ -1,0 +1,223 @@
+"""The Django admin: read-only task tables that never count, actions through the domain layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from dlq.models import DeadLetterTask
+from queues.models import Queue
+from queues.tests.factories import QueueFactory
+from taskforge.api.models import ApiKey, hash_key
+from tasks.models import Task, TaskEvent, TaskStatus
+from tasks.tests.factories import TaskFactory
+from workers.models import Worker
+
+pytestmark = pytest.mark.django_db
+
+S = TaskStatus
+CHANGELISTS = [
+    "/admin/queues/queue/",
+    "/admin/tasks/task/",
+    "/admin/tasks/taskevent/",
+    "/admin/dlq/deadlettertask/",
+    "/admin/workers/worker/",
+    "/admin/api/apikey/",
+]
+
+
+@pytest.fixture
+def world() -> dict[str, Any]:
+    queue = QueueFactory(name="q")
+    tasks = [TaskFactory(queue=queue, status=s) for s in ("pending", "executing", "dead", "done")]
+    Worker.objects.create(worker_id="w", last_seen_at=tasks[1].updated_at)
+    ApiKey.issue(name="ci", role="producer")
+    return {"queue": queue, "tasks": tasks}
+
+
+@pytest.mark.parametrize("url", CHANGELISTS)
+def test_changelists__render(url: str, superuser_client: Client, world: dict[str, Any]) -> None:
+    response = superuser_client.get(url)
+
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize("url", CHANGELISTS)
+def test_changelists__need_staff(url: str) -> None:
+    assert Client().get(url).status_code == 302
+    client = Client()
+    client.force_login(User.objects.create_user("nobody"))
+    assert client.get(url).status_code == 302
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/tasks/task/",
+        "/admin/tasks/task/?status__exact=dead",
+        "/admin/tasks/task/?queue__id__exact={queue}",
+        "/admin/tasks/task/?queue__id__exact={queue}&status__exact=pending&p=1",
+        "/admin/tasks/taskevent/",
+        "/admin/tasks/taskevent/?queue__id__exact={queue}",
+        "/admin/dlq/deadlettertask/",
+    ],
+)
+def test_large_changelists__never_count(
+    url: str, superuser_client: Client, world: dict[str, Any]
+) -> None:
+    with CaptureQueriesContext(connection) as queries:
+        response = superuser_client.get(url.format(queue=world["queue"].pk))
+
+    assert response.status_code == 200
+    counts = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert counts == []
+
+
+def test_task_changelist__pages_with_previous_and_next(
+    superuser_client: Client, world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.admin import TaskAdmin
+
+    monkeypatch.setattr(TaskAdmin, "list_per_page", 3)
+
+    first = superuser_client.get("/admin/tasks/task/").content.decode()
+    second = superuser_client.get("/admin/tasks/task/?p=2").content.decode()
+
+    assert "Next \u203a" in first and "\u2039 Previous" not in first
+    assert "\u2039 Previous" in second and "Next \u203a" not in second
+
+
+def test_task_admin__is_read_only(superuser_client: Client, world: dict[str, Any]) -> None:
+    task = world["tasks"][0]
+
+    assert superuser_client.get("/admin/tasks/task/add/").status_code == 403
+    page = superuser_client.get(f"/admin/tasks/task/{task.pk}/change/")
+    assert page.status_code == 200
+    assert b'name="_save"' not in page.content
+    assert superuser_client.post(f"/admin/tasks/task/{task.pk}/delete/").status_code == 403
+    assert superuser_client.get("/admin/tasks/taskevent/add/").status_code == 403
+
+
+def test_task_admin__search_by_task_or_worker_id(
+    superuser_client: Client, world: dict[str, Any]
+) -> None:
+    executing = world["tasks"][1]
+
+    by_id = superuser_client.get(f"/admin/tasks/task/?q={executing.pk}")
+    by_worker = superuser_client.get("/admin/tasks/task/?q=worker-1")
+
+    assert [t.pk for t in by_id.context["cl"].result_list] == [executing.pk]
+    assert {t.pk for t in by_worker.context["cl"].result_list} == {t.pk for t in world["tasks"][1:]}
+
+
+def test_task_admin__cancel_action_uses_the_transition(
+    superuser_client: Client, world: dict[str, Any]
+) -> None:
+    pending, executing = world["tasks"][0], world["tasks"][1]
+
+    response = superuser_client.post(
+        "/admin/tasks/task/",
+        {"action": "cancel", "_selected_action": [str(pending.pk), str(executing.pk)]},
+        follow=True,
+    )
+
+    pending.refresh_from_db()
+    executing.refresh_from_db()
+    assert pending.status == S.CANCELLED and executing.status == S.EXECUTING
+    assert TaskEvent.objects.filter(task=pending, to_status=S.CANCELLED).exists()
+    texts = [str(m) for m in response.context["messages"]]
+    assert "Cancelled 1 task(s)." in texts
+    assert "Skipped 1 task(s) that are executing or finished." in texts
+
+
+def test_dlq_admin__replay_and_discard_actions(
+    superuser_client: Client, world: dict[str, Any]
+) -> None:
+    queue = world["queue"]
+    dead = world["tasks"][2]
+    other = TaskFactory(queue=queue, status="dead")
+
+    superuser_client.post(
+        "/admin/dlq/deadlettertask/",
+        {"action": "replay", "_selected_action": [str(dead.pk)]},
+    )
+    superuser_client.post(
+        "/admin/dlq/deadlettertask/",
+        {"action": "discard", "_selected_action": [str(other.pk)]},
+    )
+
+    dead.refresh_from_db()
+    assert dead.status == S.PENDING
+    assert DeadLetterTask.objects.get(task=dead).replay_count == 1
+    assert not Task.objects.filter(pk=other.pk).exists()
+    # Replayed entries leave the default ("dead now") list.
+    listed = superuser_client.get("/admin/dlq/deadlettertask/").context["cl"].result_list
+    assert list(listed) == []
+    everything = superuser_client.get("/admin/dlq/deadlettertask/?state=all")
+    assert [e.task_id for e in everything.context["cl"].result_list] == [dead.pk]
+
+
+def test_queue_admin__pause_resume_and_purge_with_confirmation(
+    superuser_client: Client, world: dict[str, Any]
+) -> None:
+    queue, pending = world["queue"], world["tasks"][0]
+    selected = {"_selected_action": [str(queue.pk)]}
+
+    superuser_client.post("/admin/queues/queue/", {"action": "pause", **selected})
+    assert Queue.objects.get(pk=queue.pk).paused is True
+    superuser_client.post("/admin/queues/queue/", {"action": "resume", **selected})
+    assert Queue.objects.get(pk=queue.pk).paused is False
+
+    confirm = superuser_client.post("/admin/queues/queue/", {"action": "purge", **selected})
+    assert confirm.status_code == 200 and b"Yes, purge" in confirm.content
+    pending.refresh_from_db()
+    assert pending.status == S.PENDING
+    superuser_client.post(
+        "/admin/queues/queue/", {"action": "purge", "confirmed": "yes", **selected}
+    )
+    pending.refresh_from_db()
+    assert pending.status == S.CANCELLED
+
+
+def test_queue_admin__create_and_edit_through_services(superuser_client: Client) -> None:
+    response = superuser_client.post(
+        "/admin/queues/queue/add/", {"name": "new-q", "max_retries": 2, "rate_limit": ""}
+    )
+    assert response.status_code == 302
+    queue = Queue.objects.get(name="new-q")
+    assert queue.max_retries == 2 and queue.paused is False
+
+    superuser_client.post(
+        f"/admin/queues/queue/{queue.pk}/change/",
+        {"max_retries": 5, "rate_limit": 10, "paused": "on"},
+    )
+    queue.refresh_from_db()
+    assert (queue.max_retries, queue.rate_limit, queue.paused) == (5, 10, True)
+    assert superuser_client.get(f"/admin/queues/queue/{queue.pk}/delete/").status_code == 403
+
+
+def test_api_key_admin__shows_a_new_key_once_and_revokes(superuser_client: Client) -> None:
+    response = superuser_client.post(
+        "/admin/api/apikey/add/", {"name": "deploy-bot", "role": "producer"}
+    )
+
+    assert response.status_code == 200
+    key = response.context["key"]
+    api_key = ApiKey.objects.get(name="deploy-bot")
+    assert api_key.key_hash == hash_key(key) and key not in api_key.key_hash
+    assert key in response.content.decode()
+    assert (
+        key not in superuser_client.get(f"/admin/api/apikey/{api_key.pk}/change/").content.decode()
+    )
+
+    superuser_client.post(
+        "/admin/api/apikey/", {"action": "revoke", "_selected_action": [str(api_key.pk)]}
+    )
+    api_key.refresh_from_db()
+    assert api_key.revoked is True
+    assert superuser_client.get(f"/admin/api/apikey/{api_key.pk}/delete/").status_code == 403

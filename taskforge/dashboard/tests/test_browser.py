@@ -1,0 +1,277 @@
+"""The dashboard in a real browser: headless Chromium driven by Playwright.
+
+Needs Debian's `chromium` at /usr/bin/chromium (`apt-get install chromium`) and
+the `playwright` Python package (the `test` extra); Playwright's own browser
+downloads are never used.  Without them these tests are skipped, and the rest
+of the suite runs.
+
+`TASKFORGE_SCREENSHOTS=1` also writes the screenshots of docs/screenshots/
+(see docs/screenshots/make_screenshots.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from queues.models import Queue
+from queues.tests.factories import QueueFactory
+from taskforge.api.models import ApiKey
+from taskforge.dashboard import snapshot, sse
+from taskforge.dashboard.tests import demo
+from taskforge.dashboard.tests.conftest import PASSWORD
+from tasks.models import Task, TaskStatus
+from tasks.tests.factories import TaskFactory
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SCREENSHOTS = Path(__file__).resolve().parents[3] / "docs" / "screenshots"
+TIMEOUT_MS = 10_000
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("chromium not installed: apt-get install chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright not installed: pip install -e '.[test]'")
+    # Playwright's sync API keeps an asyncio loop in this thread, and Django
+    # refuses ORM calls where a loop runs; the tests' ORM calls are plain sync
+    # code between browser steps, so allow them while the browser is up.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(
+                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+            )
+            yield chromium
+            chromium.close()
+    finally:
+        if previous is None:
+            del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def fast_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Snapshots twice a second, streams of a few seconds: the tests see
+    # updates quickly and reconnects happen too.
+    monkeypatch.setattr(sse, "INTERVAL_SECONDS", 0.5)
+    monkeypatch.setattr(sse, "LIFETIME_SECONDS", 6.0)
+    monkeypatch.setattr(sse, "RETRY_MS", 300)
+    monkeypatch.setattr(snapshot, "MAX_AGE_SECONDS", 0.0)
+
+
+@pytest.fixture
+def page(browser: Any, live_server: Any, fast_stream: None) -> Iterator[Any]:
+    """A logged-in staff page at 1280x800."""
+    User.objects.create_user("oncall", password=PASSWORD, is_staff=True)
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.set_default_timeout(TIMEOUT_MS)
+    tab = context.new_page()
+    tab.goto(f"{live_server.url}/admin/dashboard/")
+    # Not logged in: the admin's login form, then back to the dashboard.
+    assert "/admin/login/" in tab.url
+    tab.fill("#id_username", "oncall")
+    tab.fill("#id_password", PASSWORD)
+    tab.click("input[type=submit]")
+    tab.wait_for_url(f"{live_server.url}/admin/dashboard/")
+    yield tab
+    context.close()
+
+
+def _expect() -> Any:
+    from playwright.sync_api import expect
+
+    return expect
+
+
+def _api(live_server: Any, method: str, path: str, body: Any, key: str) -> Any:
+    request = urllib.request.Request(
+        f"{live_server.url}{path}",
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_login__lands_on_the_queue_overview(page: Any) -> None:
+    _expect()(page.locator("h1")).to_have_text("Queues")
+    _expect()(page.locator("#summary")).to_contain_text("No queues yet")
+
+
+def test_overview__depth_changes_live_when_a_task_is_enqueued(page: Any, live_server: Any) -> None:
+    QueueFactory(name="live-q")
+    _, key = ApiKey.issue(name="browser-test", role="producer")
+    page.reload()
+    pending = page.locator('tr[data-queue="live-q"] [data-field="pending"]')
+    _expect()(pending).to_have_text("0")
+    _expect()(page.locator("#live")).to_have_attribute("data-state", "live")
+    page.evaluate("window.__marker = 'no reload'")
+
+    _api(live_server, "POST", "/queues/live-q/tasks", {"payload": {"n": 1}}, key)
+    _api(live_server, "POST", "/queues/live-q/tasks", {"payload": {"n": 2}}, key)
+
+    _expect()(pending).to_have_text("2")
+    # The same page, updated in place: no reload happened.
+    assert page.evaluate("window.__marker") == "no reload"
+
+
+def test_task_page__shows_a_failed_tasks_transitions(page: Any, live_server: Any) -> None:
+    queue = QueueFactory(name="payments")
+    TaskFactory(queue=queue, status="done")
+    failed = TaskFactory(queue=queue, status="dead", worker_id="billing-7")
+
+    page.click("text=Tasks")
+    page.select_option("#id_queue", "payments")
+    page.select_option("#id_status", "dead")
+    page.click("text=Search")
+    rows = page.locator("#task-list tbody tr")
+    _expect()(rows).to_have_count(1)
+    page.click(f"text={failed.pk}")
+
+    _expect()(page.locator("#task-status")).to_have_text("dead")
+    _expect()(page.locator("#last-error")).to_contain_text("boom")
+    transitions = page.locator("#transitions tbody tr")
+    _expect()(transitions).to_have_count(4)  # created, buffered, handed out, dead
+    _expect()(transitions.last).to_contain_text("executing")
+    _expect()(transitions.last).to_contain_text("dead")
+    _expect()(transitions.last).to_contain_text("billing-7")
+    _expect()(transitions.last).to_contain_text("boom")
+    _expect()(page.locator("#payload")).to_contain_text('"n"')
+
+
+def test_dlq__bulk_replay_of_two_tasks_takes_them_out_of_the_dlq(
+    page: Any, live_server: Any
+) -> None:
+    queue = QueueFactory(name="payments")
+    first, second, third = (TaskFactory(queue=queue, status="dead") for _ in range(3))
+
+    page.click("text=Dead letters")
+    _expect()(page.locator("#dlq-list tbody tr")).to_have_count(3)
+    page.check(f'input[name="ids"][value="{first.pk}"]')
+    page.check(f'input[name="ids"][value="{second.pk}"]')
+    _expect()(page.locator("[data-selection-count]")).to_have_text("2 selected")
+    page.click("#replay-selected")
+
+    _expect()(page.locator(".msg-success")).to_contain_text("Replayed 2 tasks")
+    _expect()(page.locator("#dlq-list tbody tr")).to_have_count(1)
+    _expect()(page.locator(f'tr[data-task="{third.pk}"]')).to_be_visible()
+    statuses = dict(Task.objects.values_list("pk", "status"))
+    assert statuses[first.pk] == statuses[second.pk] == TaskStatus.PENDING
+    assert statuses[third.pk] == TaskStatus.DEAD
+
+
+def test_overview__pause_a_queue(page: Any) -> None:
+    QueueFactory(name="webhooks")
+    page.reload()
+    row = page.locator('tr[data-queue="webhooks"]')
+    _expect()(row.locator(".badge-paused")).to_be_hidden()
+
+    row.get_by_role("button", name="Pause").click()
+
+    _expect()(page.locator(".msg-success")).to_contain_text("Paused queue webhooks")
+    _expect()(row).to_have_class("health-warn is-paused")
+    _expect()(row.locator(".badge-paused")).to_be_visible()
+    _expect()(row.get_by_role("button", name="Resume")).to_be_visible()
+    _expect()(row.get_by_role("button", name="Pause")).to_be_hidden()
+    assert Queue.objects.get(name="webhooks").paused is True
+
+
+def test_overview__purge_asks_for_the_queue_name_first(page: Any) -> None:
+    queue = QueueFactory(name="thumbs")
+    task = TaskFactory(queue=queue)
+    page.reload()
+    page.locator('tr[data-queue="thumbs"]').get_by_role("link", name="Purge…").click()
+
+    _expect()(page.locator("h1")).to_contain_text("Purge queue")
+    page.fill("#confirm-name", "thumbs")
+    page.get_by_role("button", name="Purge thumbs").click()
+
+    _expect()(page.locator(".msg-success")).to_contain_text("1 tasks cancelled")
+    task.refresh_from_db()
+    assert task.status == TaskStatus.CANCELLED
+
+
+def test_overview__phone_layout_shows_every_queue_as_a_card(browser: Any, page: Any) -> None:
+    QueueFactory(name="emails")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()
+    row = page.locator('tr[data-queue="emails"]')
+    _expect()(row).to_be_visible()
+    box = row.bounding_box()
+    assert box is not None and box["width"] <= 390
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+
+@pytest.mark.skipif(
+    not os.environ.get("TASKFORGE_SCREENSHOTS"), reason="set TASKFORGE_SCREENSHOTS=1 to write them"
+)
+def test_screenshots(page: Any, live_server: Any, redis_client: Any) -> None:
+    """Write docs/screenshots/*.png at 1280x800 from the demo world."""
+    world = demo.build()
+    User.objects.filter(username="oncall").update(is_superuser=True)  # for the admin shot
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    # The throughput charts draw the samples this browser kept; seed five
+    # minutes of them (as a browser that had the page open would have).
+    page.evaluate(
+        """() => {
+        const now = Date.now(), h = {};
+        // [start, end] acks/s: each chart ends at the queue's real throughput.
+        const shape = {emails: [0.55, 0.8], payments: [0.9, 0.05], thumbnails: [0.45, 0],
+                       webhooks: [0.35, 0], reports: [0, 0]};
+        for (const [name, [start, end]] of Object.entries(shape)) {
+          h[name] = [];
+          for (let i = 150; i > 0; i--) {
+            const x = (150 - i) / 149;
+            const ease = name === "webhooks" ? (x < 0.6 ? 0 : 1) : x * x;
+            const wobble = i > 3 ? 0.08 * start * Math.sin(i / 5) : 0;
+            h[name].push([now - i * 2000, Math.max(0, start + (end - start) * ease + wobble), 0]);
+          }
+        }
+        sessionStorage.setItem('taskforge.throughput.v1', JSON.stringify(h));
+      }"""
+    )
+    shots = {
+        "overview.png": "/admin/dashboard/",
+        "tasks.png": "/admin/dashboard/tasks/",
+        "task.png": f"/admin/dashboard/tasks/{world['running'][0].pk}",
+        "task-dead.png": f"/admin/dashboard/tasks/{world['dead'][0].pk}",
+        "dlq.png": "/admin/dashboard/dlq/",
+        "workers.png": "/admin/dashboard/workers/",
+        "admin-tasks.png": "/admin/tasks/task/",
+    }
+    for name, path in shots.items():
+        page.goto(f"{live_server.url}{path}")
+        if name == "overview.png":
+            _expect()(page.locator("#live")).to_have_attribute("data-state", "live")
+        page.screenshot(path=str(SCREENSHOTS / name))
+        if name == "task.png":  # the heartbeat history is below the fold
+            page.screenshot(path=str(SCREENSHOTS / "task-full.png"), full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{live_server.url}/admin/dashboard/")
+    _expect()(page.locator("#live")).to_have_attribute("data-state", "live")
+    page.screenshot(path=str(SCREENSHOTS / "overview-phone.png"))

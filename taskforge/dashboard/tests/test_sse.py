@@ -1,0 +1,121 @@
+"""The overview's server-sent events stream: bounded, and light on the database."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from queues.tests.factories import QueueFactory
+from taskforge.dashboard import snapshot, sse
+from tasks.tests.factories import TaskFactory
+
+pytestmark = pytest.mark.django_db
+
+URL = "/admin/dashboard/stream"
+
+
+def _events(body: str) -> list[dict[str, Any]]:
+    return [
+        json.loads(block.split("data: ", 1)[1])
+        for block in body.split("\n\n")
+        if block.startswith("event: snapshot")
+    ]
+
+
+@pytest.fixture
+def quick(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    slept: list[float] = []
+    monkeypatch.setattr(sse, "INTERVAL_SECONDS", 2.0)
+    monkeypatch.setattr(sse, "LIFETIME_SECONDS", 7.0)
+    monkeypatch.setattr(sse.time, "sleep", slept.append)
+    clock = iter(range(0, 1000, 2))  # each monotonic() call: 2 s later
+    monkeypatch.setattr(sse.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(snapshot, "MAX_AGE_SECONDS", 0.0)
+    return slept
+
+
+def test_stream__sends_snapshots_then_ends_at_its_lifetime(
+    staff_client: Client, quick: list[float]
+) -> None:
+    queue = QueueFactory(name="q")
+    TaskFactory(queue=queue)
+
+    response = staff_client.get(URL)
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    assert response["Cache-Control"] == "no-cache"
+    body = b"".join(response.streaming_content).decode()  # type: ignore[attr-defined]
+    assert body.startswith(f"retry: {sse.RETRY_MS}\n\n")
+    events = _events(body)
+    assert 2 <= len(events) <= 4  # bounded: the stream ends, EventSource reconnects
+    assert events[0]["queues"][0]["name"] == "q"
+    assert events[0]["queues"][0]["depth"]["pending"] == 1
+    assert quick and all(s == sse.INTERVAL_SECONDS for s in quick)
+
+
+def test_stream__gives_its_database_connection_back_between_snapshots(
+    staff_client: Client, quick: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    QueueFactory(name="q")
+    released: list[bool] = []
+    monkeypatch.setattr(sse, "_release_connection", lambda: released.append(True))
+
+    response = staff_client.get(URL)
+    events = _events(b"".join(response.streaming_content).decode())  # type: ignore[attr-defined]
+
+    # Once after each snapshot, and once when the stream ends.
+    assert len(released) == len(events) + 1
+
+
+def test_stream__past_the_limit_a_client_gets_one_snapshot_and_polls(
+    staff_client: Client, quick: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    QueueFactory(name="q")
+    monkeypatch.setattr(sse, "_streams", sse.threading.BoundedSemaphore(1))
+    assert sse._streams.acquire(blocking=False)  # another browser holds the only slot
+
+    response = staff_client.get(URL)
+    body = b"".join(response.streaming_content).decode()  # type: ignore[attr-defined]
+
+    assert body.startswith(f"retry: {sse.BUSY_RETRY_MS}\n\n")
+    assert len(_events(body)) == 1
+    assert quick == []
+
+
+def test_stream__frees_its_slot_when_the_client_goes_away(
+    staff_client: Client, quick: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    QueueFactory(name="q")
+    slots = sse.threading.BoundedSemaphore(1)
+    monkeypatch.setattr(sse, "_streams", slots)
+
+    response = staff_client.get(URL)
+    stream = iter(response.streaming_content)  # type: ignore[attr-defined]
+    next(stream)
+    next(stream)
+    assert not slots.acquire(blocking=False)  # held while streaming
+    response.close()  # what the WSGI server does when the client disconnects
+
+    assert slots.acquire(blocking=False)
+
+
+def test_stream__unstarted_response_holds_no_slot(
+    staff_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slots = sse.threading.BoundedSemaphore(1)
+    monkeypatch.setattr(sse, "_streams", slots)
+
+    response = staff_client.get(URL)
+    response.close()
+
+    assert slots.acquire(blocking=False)
+
+
+def test_stream__only_for_staff() -> None:
+    response = Client().get(URL)
+
+    assert response.status_code == 302

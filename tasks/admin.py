@@ -1,0 +1,158 @@
+"""Tasks and their events in the Django admin: read-only.
+
+Both tables hold millions of rows: the change lists never count (see
+`taskforge.dashboard.adminlib`) and order on an index for every filter
+combination they offer.  The only action, cancel, goes through
+`tasks.transitions` with the rows locked.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from taskforge.dashboard.adminlib import LargeTableAdmin, ReadOnlyAdminMixin
+from tasks import transitions
+from tasks.models import Task, TaskEvent, TaskStatus
+
+CANCELLABLE = (TaskStatus.PENDING, TaskStatus.CLAIMED, TaskStatus.RETRY)
+CANCEL_BATCH = 500
+
+
+def _dashboard_link(task_id: uuid.UUID) -> str:
+    return format_html(
+        '<a href="{}">{}</a>', reverse("dashboard:task", kwargs={"task_id": task_id}), task_id
+    )
+
+
+def _search(queryset: QuerySet[Any], term: str, *, id_field: str) -> QuerySet[Any]:
+    """An exact task id, or else an exact worker id: both have an index."""
+    term = term.strip()
+    if not term:
+        return queryset
+    try:
+        return queryset.filter(**{id_field: uuid.UUID(term)})
+    except ValueError:
+        field = "claimed_by" if id_field == "pk" else "worker_id"
+        return queryset.filter(**{field: term})
+
+
+@admin.register(Task)
+class TaskAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
+    list_display = (
+        "id",
+        "queue",
+        "status",
+        "priority",
+        "attempts",
+        "claimed_by",
+        "created_at",
+        "inspect",
+    )
+    list_filter = ("status", "queue")
+    list_select_related = ("queue",)
+    search_fields = ("=id",)  # replaced by get_search_results: task id or worker id
+    search_help_text = "An exact task id, or an exact worker id."
+    actions = ("cancel",)
+    fields = (
+        "id",
+        "queue",
+        "status",
+        "priority",
+        "attempts",
+        "max_retries",
+        "scheduled_at",
+        "claimed_at",
+        "claimed_by",
+        "heartbeat_at",
+        "last_error",
+        "payload",
+        "result",
+        "idempotency_key",
+        "created_at",
+        "updated_at",
+        "finished_at",
+    )
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        # With a queue: task_queue_created_idx / task_queue_status_new_idx.
+        # Without: the primary key, which is time-ordered (UUIDv7).
+        if "queue__id__exact" in request.GET:
+            return ("-created_at", "-id")
+        return ("-id",)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Task], search_term: str
+    ) -> tuple[QuerySet[Task], bool]:
+        return _search(queryset, search_term, id_field="pk"), False
+
+    @admin.display(description="Dashboard")
+    def inspect(self, task: Task) -> str:
+        return format_html(
+            '<a href="{}">Inspect</a>', reverse("dashboard:task", kwargs={"task_id": task.pk})
+        )
+
+    @admin.action(description="Cancel selected tasks (pending, claimed or retry)")
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        cancelled = 0
+        for start in range(0, len(ids), CANCEL_BATCH):
+            with transaction.atomic():
+                # Lock order: by id, as every multi-row lock of tasks.
+                batch = list(
+                    Task.objects.select_for_update(no_key=True)
+                    .filter(pk__in=ids[start : start + CANCEL_BATCH], status__in=CANCELLABLE)
+                    .order_by("id")
+                )
+                transitions.cancel(batch)
+            cancelled += len(batch)
+        skipped = len(ids) - cancelled
+        self.message_user(request, f"Cancelled {cancelled} task(s).", messages.SUCCESS)
+        if skipped:
+            self.message_user(
+                request,
+                f"Skipped {skipped} task(s) that are executing or finished.",
+                messages.WARNING,
+            )
+
+
+@admin.register(TaskEvent)
+class TaskEventAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
+    list_display = ("at", "task_link", "queue", "from_status", "to_status", "worker_id", "attempt")
+    list_filter = ("queue", "to_status")
+    list_select_related = ("queue",)
+    search_fields = ("=task__id",)  # replaced by get_search_results
+    search_help_text = "An exact task id, or an exact worker id."
+    fields = (
+        "task_link",
+        "queue",
+        "at",
+        "from_status",
+        "to_status",
+        "worker_id",
+        "attempt",
+        "error",
+    )
+    readonly_fields = ("task_link",)
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        # With a queue: taskevent_queue_at_idx; otherwise the primary key.
+        if "queue__id__exact" in request.GET:
+            return ("-at", "-id")
+        return ("-id",)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[TaskEvent], search_term: str
+    ) -> tuple[QuerySet[TaskEvent], bool]:
+        return _search(queryset, search_term, id_field="task_id"), False
+
+    @admin.display(description="Task")
+    def task_link(self, event: TaskEvent) -> str:
+        return _dashboard_link(event.task_id)
