@@ -27,7 +27,10 @@ class DeadLetterTask(models.Model):
     replay_count = models.PositiveIntegerField(default=0)
 
     class Meta:
-        indexes = [models.Index(fields=["queue", "-died_at"], name="dlq_queue_died_idx")]
+        indexes = [
+            # The DLQ list: newest first, keyset-paginated on (died_at, task_id).
+            models.Index(fields=["queue", "-died_at", "-task"], name="dlq_queue_died_idx"),
+        ]
 
     def __str__(self) -> str:
         return str(self.task_id)

@@ -1,7 +1,9 @@
-"""Per-queue statistics of API.md (GET /queues/:name/stats)."""
+"""Per-queue statistics of API.md (GET /queues/:name/stats, the dashboard)."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,38 +15,68 @@ from tasks.models import Task, TaskEvent, TaskStatus
 
 S = TaskStatus
 WINDOW = timedelta(seconds=60)
+_LIVE = [S.PENDING, S.CLAIMED, S.EXECUTING, S.RETRY, S.DEAD]
 
 
 def queue_stats(queue: Queue, now: datetime | None = None) -> dict[str, Any]:
-    """Depth by status, DLQ depth, throughput and error rate over the last minute.
+    """Depth by status, DLQ depth, throughput and error rate over the last minute."""
+    return queues_stats([queue], now)[queue.id]
 
-    Three index-only-ish aggregates: counts over task_queue_status_idx (live
-    statuses only, never the done/cancelled history) and event counts over
-    taskevent_queue_at_idx for the last 60 s.
+
+def queues_stats(queues: Sequence[Queue], now: datetime | None = None) -> dict[uuid.UUID, dict]:
+    """`queue_stats` for many queues in two grouped queries, whatever their number.
+
+    Counts run over task_queue_status_idx (live statuses only, never the
+    done/cancelled history; COUNT(*) so Postgres can answer from the index
+    alone); acks and failed attempts over taskevent_queue_at_idx for the last
+    60 s.  The cost grows with the live backlog, not with history.
     """
     now = now or timezone.now()
-    live = Task.objects.filter(
-        queue=queue, status__in=[S.PENDING, S.CLAIMED, S.EXECUTING, S.RETRY, S.DEAD]
-    )
+    ids = [queue.id for queue in queues]
     due = Q(scheduled_at__lte=now)
-    counts = live.aggregate(
-        pending=Count("id", filter=Q(status=S.PENDING) & due),
-        scheduled=Count("id", filter=Q(status=S.PENDING) & ~due),
-        claimed=Count("id", filter=Q(status=S.CLAIMED)),
-        executing=Count("id", filter=Q(status=S.EXECUTING)),
-        retry=Count("id", filter=Q(status=S.RETRY)),
-        dead=Count("id", filter=Q(status=S.DEAD)),
-        oldest_due=Min("scheduled_at", filter=Q(status__in=[S.PENDING, S.CLAIMED]) & due),
-    )
-    attempts = TaskEvent.objects.filter(
-        queue=queue, at__gt=now - WINDOW, at__lte=now, from_status=S.EXECUTING
-    ).aggregate(
-        acks=Count("id", filter=Q(to_status=S.DONE)),
-        failures=Count("id", filter=Q(to_status__in=[S.RETRY, S.DEAD])),
-    )
-    acks, failures = attempts["acks"], attempts["failures"]
-    oldest = counts.pop("oldest_due")
-    dead = counts.pop("dead")
+    depths = {
+        row.pop("queue_id"): row
+        for row in Task.objects.filter(queue_id__in=ids, status__in=_LIVE)
+        .values("queue_id")
+        .annotate(
+            pending=Count("status", filter=Q(status=S.PENDING) & due),
+            scheduled=Count("status", filter=Q(status=S.PENDING) & ~due),
+            claimed=Count("status", filter=Q(status=S.CLAIMED)),
+            executing=Count("status", filter=Q(status=S.EXECUTING)),
+            retry=Count("status", filter=Q(status=S.RETRY)),
+            dead=Count("status", filter=Q(status=S.DEAD)),
+            oldest_due=Min("scheduled_at", filter=Q(status__in=[S.PENDING, S.CLAIMED]) & due),
+        )
+        .order_by()
+    }
+    attempts = {
+        row.pop("queue_id"): row
+        for row in TaskEvent.objects.filter(
+            queue_id__in=ids, at__gt=now - WINDOW, at__lte=now, from_status=S.EXECUTING
+        )
+        .values("queue_id")
+        .annotate(
+            acks=Count("to_status", filter=Q(to_status=S.DONE)),
+            failures=Count("to_status", filter=Q(to_status__in=[S.RETRY, S.DEAD])),
+        )
+        .order_by()
+    }
+    return {
+        queue.id: _stats(queue, depths.get(queue.id), attempts.get(queue.id), now)
+        for queue in queues
+    }
+
+
+def _stats(
+    queue: Queue, depth: dict[str, Any] | None, attempts: dict[str, int] | None, now: datetime
+) -> dict[str, Any]:
+    counts = dict(depth or {})
+    oldest = counts.pop("oldest_due", None)
+    dead = counts.pop("dead", 0)
+    for name in ("pending", "scheduled", "claimed", "executing", "retry"):
+        counts.setdefault(name, 0)
+    acks = (attempts or {}).get("acks", 0)
+    failures = (attempts or {}).get("failures", 0)
     return {
         "queue": queue.name,
         "paused": queue.paused,

@@ -1,8 +1,8 @@
 """The queue overview: one snapshot of every queue's health.
 
 The overview page renders it and the SSE stream sends it every ~2 s.  Cost per
-snapshot: two queries per queue (`tasks.stats.queue_stats`: live-status counts
-over task_queue_status_idx, last-minute event counts over
+snapshot: two grouped queries for all queues (`tasks.stats.queues_stats`:
+live-status counts over task_queue_status_idx, last-minute event counts over
 taskevent_queue_at_idx), one aggregate over the small workers table, and a
 queue list.  A process computes it at most once per `MAX_AGE_SECONDS`, however
 many browsers watch.
@@ -23,7 +23,7 @@ from queues.models import Queue
 from taskforge.conf import conf
 from taskforge.dashboard import formatting as fmt
 from taskforge.lib.timeutil import isoformat
-from tasks.stats import queue_stats
+from tasks.stats import queues_stats
 from workers.models import Worker
 
 # Health thresholds: a queue is critical when most attempts fail or work waits
@@ -113,7 +113,9 @@ def queue_row(queue: Queue, stats: dict[str, Any]) -> dict[str, Any]:
 def build(now: datetime | None = None) -> dict[str, Any]:
     """A fresh snapshot (queries the database)."""
     now = now or timezone.now()
-    rows = [queue_row(queue, queue_stats(queue, now)) for queue in Queue.objects.order_by("name")]
+    queues = list(Queue.objects.order_by("name"))
+    stats = queues_stats(queues, now)
+    rows = [queue_row(queue, stats[queue.id]) for queue in queues]
     stale_before = now - timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
     # Uses the last_seen_at index; the table holds one row per worker name.
     workers = Worker.objects.filter(last_seen_at__gte=now - WORKERS_SEEN_WITHIN).aggregate(
