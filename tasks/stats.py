@@ -27,8 +27,8 @@ def queues_stats(queues: Sequence[Queue], now: datetime | None = None) -> dict[u
     """`queue_stats` for many queues in two grouped queries, whatever their number.
 
     Counts run over task_queue_status_idx (live statuses only, never the
-    done/cancelled history; COUNT(*) so Postgres can answer from the index
-    alone); acks and failed attempts over taskevent_queue_at_idx for the last
+    done/cancelled history; they count an indexed column so Postgres can
+    answer from the index alone); acks and failed attempts over taskevent_queue_at_idx for the last
     60 s.  The cost grows with the live backlog, not with history.
     """
     now = now or timezone.now()
