@@ -1,0 +1,1380 @@
+"""TaskForge benchmark (`make bench`): throughput and latency of a real running service.
+
+Starts the service as real processes against a fresh database, measures it from separate
+load-generator processes over HTTP, and prints a readable table and one JSON line:
+
+1. enqueue/s: single (one `POST /queues/:name/tasks` per task, many keep-alive connections)
+   and batch (`POST .../tasks/batch`, 1000 tasks per request);
+2. end-to-end tasks/s with concurrent producers and workers: the single path (enqueue one,
+   claim `max_tasks` 1, ack one) and the batched path (batch enqueue, claim 100, `ack/batch`);
+3. enqueue-to-claim latency with one idle long-polling worker (`wait_seconds` 5): from just
+   before the enqueue request is sent until the claim response arrives.
+
+Each figure is measured over several runs (median, min, max); the CPU each component used
+during the measured windows is reported too, to show what bounds the figure.
+
+Servers: Postgres and Redis come from DATABASE_URL and REDIS_URL (`make bench` starts throwaway
+embedded ones when those are unset).  The database `taskforge_bench` on DATABASE_URL's server is
+dropped and created afresh (and dropped again at the end unless --keep-db); Redis is used in the
+db of REDIS_URL, and only the benchmark queues' keys are deleted afterwards.
+
+    python bench/run.py [--runs 3] [--only enqueue,e2e,latency] [--profile DIR] [--json FILE]
+
+`--profile DIR` adds one unscored run of each phase with py-spy (`pip install py-spy`) recording
+the API workers and the dispatcher (raw collapsed stacks in DIR; bench/profile_summary.py DIR
+summarises them).
+`--serve` only starts the service and waits for Ctrl-C (profiling by hand).  See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import http.client
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DB = "taskforge_bench"
+WEB_WORKERS = 2
+LOOPS = ("dispatcher", "scheduler", "watchdog")
+
+# From issue 3 ("Speed, in `make bench`"): other systems on a 2-core machine, and our targets.
+REFERENCE = {
+    "celery5_redis_acks_late_e2e_tasks_per_s": 930,
+    "procrastinate_e2e_tasks_per_s": 300,
+    "one_pg_statement_per_100_tasks_per_s": 20_000,
+}
+# figure -> (comparison, threshold, unit)
+TARGETS: dict[str, tuple[str, float, str]] = {
+    "e2e_batched": (">=", 3000, "tasks/s"),
+    "e2e_single": (">=", 400, "tasks/s"),
+    "latency_p50": ("<=", 5.0, "ms"),
+    "latency_p99": ("<=", 25.0, "ms"),
+}
+
+PAYLOAD = {"job": "bench", "args": [1, 2, 3], "note": "x" * 40}
+
+
+def log(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+# ============================================================================================
+# Load generator: lean HTTP over keep-alive connections, run in child processes
+# ============================================================================================
+
+
+class Client:
+    """One persistent HTTP/1.1 connection (http.client) with the bench's API key."""
+
+    def __init__(self, address: tuple[str, int], key: str) -> None:
+        self.address = address
+        self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        self.conn = http.client.HTTPConnection(*address, timeout=60)
+        self.errors = 0
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        for attempt in range(3):
+            try:
+                self.conn.request("POST", path, body, self.headers)
+                response = self.conn.getresponse()
+                return response.status, response.read()
+            except (http.client.HTTPException, OSError):
+                # The server closed an idle keep-alive connection: reconnect.
+                self.errors += 1
+                self.conn.close()
+                if attempt == 2:
+                    raise
+                time.sleep(0.01)
+        raise AssertionError("unreachable")
+
+    def post_json(self, path: str, body: Any) -> tuple[int, Any]:
+        status, data = self.post(path, json.dumps(body).encode())
+        return status, json.loads(data) if data else None
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class Shared:
+    """Counters and flags shared by the orchestrator and the load processes."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ready = ctx.Semaphore(0)  # each load process releases it once, when connected
+        self.go = ctx.Event()
+        self.t_start = ctx.Value("d", 0.0, lock=False)  # window start (time.monotonic)
+        self.t_end = ctx.Value("d", 0.0, lock=False)  # window end: producers stop
+        self.stop = ctx.Event()  # everyone stops (drained or out of time)
+        self.enqueued = ctx.Value("q", 0, lock=False)  # tasks accepted (written by producers)
+        self.acked = ctx.Value("q", 0, lock=False)  # tasks acked (written by workers)
+
+
+def _child_init() -> None:
+    # Ctrl-C reaches the whole foreground process group; the orchestrator stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _wait_go(shared: Shared) -> tuple[float, float]:
+    shared.ready.release()
+    shared.go.wait()
+    return shared.t_start.value, shared.t_end.value
+
+
+def _threads(n: int, target: Callable[[int], None]) -> list[threading.Thread]:
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _share(n: int, sent: float, done: float, t_start: float, t_end: float) -> float:
+    """The part of a request's `n` tasks that falls in the window, pro rata of its duration.
+
+    Counting whole requests by completion time would quantise a 3 s window into a few
+    1000-task batches; spreading each request over its duration does not.
+    """
+    if done <= sent:
+        return float(n) if t_start <= done <= t_end else 0.0
+    overlap = min(done, t_end) - max(sent, t_start)
+    return n * overlap / (done - sent) if overlap > 0 else 0.0
+
+
+def _cpu_in_window(t_start: float, t_end: float) -> float:
+    """Process CPU seconds spent between t_start and t_end (call from the main thread)."""
+    time.sleep(max(0.0, t_start - time.monotonic()))
+    before = time.process_time()
+    time.sleep(max(0.0, t_end - time.monotonic()))
+    return time.process_time() - before
+
+
+def load_enqueue(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """Producers only: `threads` connections POSTing as fast as they get answers."""
+    _child_init()
+    address, key, queue = tuple(cfg["address"]), cfg["key"], cfg["queue"]
+    batch = cfg["batch"]  # 0: single enqueue
+    if batch:
+        path = f"/queues/{queue}/tasks/batch"
+        body = json.dumps({"tasks": [{"payload": PAYLOAD}] * batch}).encode()
+        per_request = batch
+    else:
+        path = f"/queues/{queue}/tasks"
+        body = json.dumps({"payload": PAYLOAD}).encode()
+        per_request = 1
+    counts = [0.0] * cfg["threads"]
+    failures = [0] * cfg["threads"]
+    times: list[list[float]] = [[] for _ in range(cfg["threads"])]
+    clients = [Client(address, key) for _ in range(cfg["threads"])]
+    for client in clients:  # open the connections before the clock starts
+        client.conn.connect()
+    t_start, t_end = _wait_go(shared)
+
+    def run(i: int) -> None:
+        client, mine = clients[i], times[i]
+        clock = time.monotonic
+        while True:
+            sent = clock()
+            if sent >= t_end:
+                return
+            status, _ = client.post(path, body)
+            done = clock()
+            if status != 201:
+                failures[i] += 1
+                continue
+            counts[i] += _share(per_request, sent, done, t_start, t_end)
+            if t_start <= done <= t_end:
+                mine.append(done - sent)
+
+    threads = _threads(cfg["threads"], run)
+    cpu = _cpu_in_window(t_start, t_end)
+    for thread in threads:
+        thread.join()
+    rtts = sorted(x for per in times for x in per)
+    out.send(
+        {
+            "tasks": sum(counts),
+            "failures": sum(failures),
+            "reconnects": sum(c.errors for c in clients),
+            "window_s": t_end - t_start,
+            "client_cpu_s": cpu,
+            "rtt_p50_ms": _pct(rtts, 50) * 1000,
+            "rtt_p99_ms": _pct(rtts, 99) * 1000,
+        }
+    )
+
+
+def load_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """End-to-end producers: enqueue until t_end, keeping the backlog under `max_backlog`."""
+    _child_init()
+    address, key, queue = tuple(cfg["address"]), cfg["key"], cfg["queue"]
+    batch, max_backlog = cfg["batch"], cfg["max_backlog"]
+    if batch:
+        path = f"/queues/{queue}/tasks/batch"
+        body = json.dumps({"tasks": [{"payload": PAYLOAD}] * batch}).encode()
+        per_request = batch
+    else:
+        path = f"/queues/{queue}/tasks"
+        body = json.dumps({"payload": PAYLOAD}).encode()
+        per_request = 1
+    lock = threading.Lock()
+    in_window = [0.0]
+    failures = [0]
+    throttled = [0]
+    clients = [Client(address, key) for _ in range(cfg["threads"])]
+    for client in clients:
+        client.conn.connect()
+    t_start, t_end = _wait_go(shared)
+
+    def run(i: int) -> None:
+        client = clients[i]
+        clock = time.monotonic
+        while not shared.stop.is_set():
+            now = clock()
+            if now >= t_end:
+                return
+            # Flow control: measure what the system sustains, not how fast a backlog grows.
+            if shared.enqueued.value - shared.acked.value + per_request > max_backlog:
+                throttled[0] += 1
+                time.sleep(0.001)
+                continue
+            status, _ = client.post(path, body)
+            done = clock()
+            with lock:
+                if status == 201:
+                    shared.enqueued.value += per_request
+                    in_window[0] += _share(per_request, now, done, t_start, t_end)
+                else:
+                    failures[0] += 1
+
+    threads = _threads(cfg["threads"], run)
+    cpu = _cpu_in_window(t_start, t_end)
+    for thread in threads:
+        thread.join()
+    out.send(
+        {
+            "enqueued_in_window": in_window[0],
+            "failures": failures[0],
+            "throttled_waits": throttled[0],
+            "client_cpu_s": cpu,
+        }
+    )
+
+
+def load_workers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """End-to-end workers: claim (max_tasks 1 or 100) and ack (one by one or ack/batch)."""
+    _child_init()
+    address, key, queue = tuple(cfg["address"]), cfg["key"], cfg["queue"]
+    max_tasks = cfg["max_tasks"]
+    lock = threading.Lock()
+    in_window = [0.0]
+    failures = [0]
+    empty_claims = [0]
+    clients = [Client(address, key) for _ in range(cfg["threads"])]
+    for client in clients:
+        client.conn.connect()
+    t_start, t_end = _wait_go(shared)
+
+    def run(i: int) -> None:
+        client = clients[i]
+        worker_id = f"bench-{os.getpid()}-{i}"
+        claim = json.dumps(
+            {"worker_id": worker_id, "queues": [queue], "max_tasks": max_tasks, "wait_seconds": 1}
+        ).encode()
+        clock = time.monotonic
+        while not shared.stop.is_set():
+            sent = clock()
+            status, data = client.post("/workers/claim", claim)
+            if status != 200:
+                failures[0] += 1
+                time.sleep(0.01)
+                continue
+            tasks = json.loads(data)["tasks"]
+            if not tasks:
+                empty_claims[0] += 1
+                continue
+            if max_tasks == 1:
+                ok = 0
+                for task in tasks:
+                    body = {"worker_id": worker_id, "task_id": task["id"]}
+                    body["attempt"] = task["attempts"]
+                    status, _ = client.post("/workers/ack", json.dumps(body).encode())
+                    ok += status == 200
+            else:
+                items = [{"task_id": t["id"], "attempt": t["attempts"]} for t in tasks]
+                status, data = client.post_json(
+                    "/workers/ack/batch", {"worker_id": worker_id, "items": items}
+                )
+                ok = sum(1 for r in data["results"] if r["ok"]) if status == 200 else 0
+            done = clock()
+            with lock:
+                shared.acked.value += ok
+                failures[0] += len(tasks) - ok
+                in_window[0] += _share(ok, sent, done, t_start, t_end)
+
+    threads = _threads(cfg["threads"], run)
+    cpu = _cpu_in_window(t_start, t_end)
+    for thread in threads:
+        thread.join()
+    out.send(
+        {
+            "acked_in_window": in_window[0],
+            "failures": failures[0],
+            "empty_claims": empty_claims[0],
+            "client_cpu_s": cpu,
+        }
+    )
+
+
+def load_latency(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """One idle long-polling worker; one producer enqueues one task at a time."""
+    _child_init()
+    address, key, queue = tuple(cfg["address"]), cfg["key"], cfg["queue"]
+    samples, gap = cfg["samples"], cfg["gap_s"]
+    producer, worker = Client(address, key), Client(address, key)
+    producer.conn.connect()
+    worker.conn.connect()
+    enqueue_body = json.dumps({"payload": PAYLOAD}).encode()
+    claim_body = json.dumps(
+        {"worker_id": "bench-latency", "queues": [queue], "max_tasks": 1, "wait_seconds": 5}
+    ).encode()
+    polling = threading.Event()  # the worker has sent its claim
+    arrived = threading.Event()  # the claim answered with a task
+    sent_at = [0.0]
+    claimed_at = [0.0]
+    claimed = [("", 0.0)]  # (task id, wall-clock time the claim answered)
+    problems: list[str] = []
+    _wait_go(shared)
+
+    def work() -> None:
+        while not shared.stop.is_set():
+            polling.set()
+            status, data = worker.post("/workers/claim", claim_body)
+            now = time.perf_counter()
+            wall = time.time()
+            polling.clear()
+            tasks = json.loads(data)["tasks"] if status == 200 else []
+            if status != 200:
+                problems.append(f"claim answered {status}")
+                time.sleep(0.05)
+            if not tasks:
+                continue
+            task = tasks[0]
+            claimed_at[0] = now
+            claimed[0] = (task["id"], wall)
+            arrived.set()
+            body = {"worker_id": "bench-latency", "task_id": task["id"]}
+            body["attempt"] = task["attempts"]
+            worker.post("/workers/ack", json.dumps(body).encode())
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    latencies: list[float] = []
+    enqueue_rtts: list[float] = []
+    # Wall-clock times, to line up with the task's events in Postgres (same machine).
+    timeline: list[tuple[str, float, float]] = []
+    cpu_before = time.process_time()
+    started = time.monotonic()
+    for _ in range(samples):
+        if shared.stop.is_set():
+            break
+        polling.wait(10)
+        # Let the claim reach the server and settle into its wait.
+        time.sleep(gap)
+        arrived.clear()
+        sent_wall = time.time()
+        sent_at[0] = time.perf_counter()
+        status, _ = producer.post(f"/queues/{queue}/tasks", enqueue_body)
+        enqueue_rtts.append(time.perf_counter() - sent_at[0])
+        if status != 201:
+            problems.append(f"enqueue answered {status}")
+            continue
+        if not arrived.wait(10):
+            problems.append("no claim within 10 s")
+            continue
+        latencies.append(claimed_at[0] - sent_at[0])
+        timeline.append((claimed[0][0], sent_wall, claimed[0][1]))
+    elapsed = time.monotonic() - started
+    cpu = time.process_time() - cpu_before
+    shared.stop.set()
+    thread.join(7)
+    latencies.sort()
+    enqueue_rtts.sort()
+    out.send(
+        {
+            "samples": len(latencies),
+            "p50_ms": _pct(latencies, 50) * 1000,
+            "p90_ms": _pct(latencies, 90) * 1000,
+            "p99_ms": _pct(latencies, 99) * 1000,
+            "max_ms": (latencies[-1] if latencies else float("nan")) * 1000,
+            "enqueue_rtt_p50_ms": _pct(enqueue_rtts, 50) * 1000,
+            "enqueue_rtt_p99_ms": _pct(enqueue_rtts, 99) * 1000,
+            "problems": problems[:5],
+            "client_cpu_share": cpu / elapsed if elapsed else 0.0,
+            "timeline": timeline,
+        }
+    )
+
+
+def _pct(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, -(-len(sorted_values) * p // 100))
+    return sorted_values[int(rank) - 1]
+
+
+# ============================================================================================
+# The service under test: processes, database, CPU accounting
+# ============================================================================================
+
+
+def _pdeathsig() -> None:
+    """In a child: die with SIGTERM if the bench itself dies (even by SIGKILL)."""
+    os.setsid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Service:
+    """The API (gunicorn) and the three loops, as real processes of our own."""
+
+    def __init__(self, env: dict[str, str], logdir: Path) -> None:
+        self.env = env
+        self.logdir = logdir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str]) -> None:
+        with open(self.logdir / f"{name}.log", "ab") as log_file:
+            self.procs[name] = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_pdeathsig,  # also puts it in its own session: Ctrl-C is ours
+            )
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise BenchError(
+                    f"{name} exited with {proc.returncode}; its log ends with:\n"
+                    + tail(self.logdir / f"{name}.log")
+                )
+
+    def pids(self) -> dict[str, list[int]]:
+        """Component -> pids: api (gunicorn workers), each loop."""
+        found: dict[str, list[int]] = {}
+        for name, proc in self.procs.items():
+            found[name] = [proc.pid]
+            if name == "api" and psutil is not None:
+                with contextlib.suppress(psutil.Error):
+                    found[name] = [c.pid for c in psutil.Process(proc.pid).children()]
+        return found
+
+    def stop(self) -> None:
+        # gunicorn: SIGINT is its quick shutdown (SIGTERM would wait for long polls).
+        for name, proc in self.procs.items():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGINT if name == "api" else signal.SIGTERM)
+        deadline = time.monotonic() + 6
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self.procs.clear()
+
+
+class BenchError(Exception):
+    """A problem to report as one message."""
+
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover - psutil comes with the `local` extra
+    psutil = None  # type: ignore[assignment]
+
+
+MACHINE = "_machine"
+
+
+SERVICE = ("api", *LOOPS, "postgres", "postgres_bg", "redis")
+
+
+def cpu_ms_per_task(cores: dict[str, float], rate: float) -> dict[str, float]:
+    """Service CPU per task, by component: what bounds throughput on a machine of its own.
+
+    Unlike tasks/s this hardly depends on what else runs on the machine; with C cores
+    free for the service, throughput is at most C * 1000 / total ms per task.
+    """
+    if rate <= 0:
+        return {}
+    per = {k: round(cores[k] * 1000 / rate, 3) for k in SERVICE if cores.get(k)}
+    per["total"] = round(sum(per.values()), 3)
+    return per
+
+
+def finish_cores(cores: dict[str, float], client_cpu_s: float, window: float) -> dict[str, float]:
+    """Add the load generator, and what every other process on the machine used."""
+    cores = dict(cores)
+    cores["client"] = round(client_cpu_s / window, 3)
+    machine = cores.pop(MACHINE, None)
+    if machine is not None:
+        cores["other_processes"] = round(max(0.0, machine - sum(cores.values())), 3)
+    return cores
+
+
+class CpuMeter:
+    """CPU seconds per component over a window: the service, Postgres, Redis."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def snapshot(self) -> dict[str, float]:
+        if psutil is None:
+            return {}
+        machine = psutil.cpu_times()
+        totals: dict[str, float] = {
+            MACHINE: machine.user
+            + machine.nice
+            + machine.system
+            + machine.irq
+            + machine.softirq
+            + getattr(machine, "steal", 0.0)
+        }
+
+        def add(component: str, proc: Any) -> None:
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                totals[component] = totals.get(component, 0.0) + times.user + times.system
+
+        for name, pids in self.service.pids().items():
+            for pid in pids:
+                with contextlib.suppress(psutil.Error):
+                    add(name, psutil.Process(pid))
+        for proc in psutil.process_iter(["name", "cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                pname = proc.info["name"] or ""
+                cmd = " ".join(proc.info["cmdline"] or [])
+                if pname.startswith("postgres") or cmd.startswith("postgres:"):
+                    words = cmd.split()
+                    if BENCH_DB in words:
+                        add("postgres", proc)  # our backends and autovacuum workers
+                    elif not ("[local]" in cmd or "(" in cmd or "autovacuum worker" in cmd):
+                        # The postmaster and background processes (WAL writer, ...) serve
+                        # every database of the server, ours included.
+                        add("postgres_bg", proc)
+                elif pname.startswith("redis-server"):
+                    add("redis", proc)
+        return totals
+
+    @staticmethod
+    def delta(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
+        """Cores used per component (CPU seconds / wall seconds)."""
+        return {
+            k: round((after.get(k, 0.0) - before.get(k, 0.0)) / seconds, 3)
+            for k in sorted(after)
+            if seconds > 0
+        }
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _pg_conninfo(url: str, database: str) -> tuple[str, str]:
+    """(libpq URL for `database`, Django DATABASE_URL for it) from DATABASE_URL."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql", "pgsql", "psql"):
+        raise BenchError(f"DATABASE_URL must be a Postgres URL, not {parts.scheme}://...")
+    django_url = urllib.parse.urlunsplit(parts._replace(path=f"/{database}"))
+    libpq_url = urllib.parse.urlunsplit(parts._replace(scheme="postgresql", path=f"/{database}"))
+    return libpq_url, django_url
+
+
+def fresh_database(url: str) -> tuple[str, str]:
+    """Drop and create BENCH_DB on DATABASE_URL's server; returns (libpq URL, Django URL)."""
+    import psycopg
+
+    last: Exception | None = None
+    for maintenance in ("postgres", "template1"):
+        admin_url, _ = _pg_conninfo(url, maintenance)
+        try:
+            with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+                conn.execute(f"CREATE DATABASE {BENCH_DB}")
+            return _pg_conninfo(url, BENCH_DB)
+        except psycopg.OperationalError as exc:
+            last = exc
+    raise BenchError(f"cannot create database {BENCH_DB}: {last}")
+
+
+def drop_database(url: str) -> None:
+    import psycopg
+
+    admin_url, _ = _pg_conninfo(url, "postgres")
+    with contextlib.suppress(Exception):
+        with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+
+
+def pg_settings(libpq_url: str) -> dict[str, str]:
+    import psycopg
+
+    names = ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections")
+    with psycopg.connect(libpq_url, connect_timeout=5) as conn:
+        return {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]
+
+
+def git_describe() -> str:
+    """The commit under test, with `+dirty` when files outside bench/ differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return f"{head}+dirty" if head and dirty else head or "unknown"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# ============================================================================================
+# The benchmark
+# ============================================================================================
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.ctx = mp.get_context("spawn")
+        self.children: list[Any] = []
+        self.service: Service | None = None
+        self.cpu: CpuMeter | None = None
+        self.address = ("127.0.0.1", 0)
+        self.key = ""
+        self.queues: dict[str, str] = {}  # name -> id
+        self.profilers: list[subprocess.Popen[bytes]] = []
+        self._queue_ids: list[str] = []
+        self.redis: Any = None
+        self.db_url = ""
+
+    # -- setup and teardown --
+
+    def start(self) -> dict[str, Any]:
+        db_url = os.environ.get("DATABASE_URL")
+        redis_url = os.environ.get("REDIS_URL")
+        if not db_url or not redis_url:
+            raise BenchError(
+                "DATABASE_URL and REDIS_URL must be set; `make bench` starts throwaway "
+                "servers when they are unset"
+            )
+        self.logdir = Path(tempfile.mkdtemp(prefix="taskforge-bench-"))
+        log(f"fresh database {BENCH_DB}; logs in {self.logdir}")
+        self.libpq_url, django_url = fresh_database(db_url)
+        self.db_url = db_url
+        port = free_port()
+        self.address = ("127.0.0.1", port)
+        env = dict(os.environ)
+        env.update(
+            DATABASE_URL=django_url,
+            REDIS_URL=redis_url,
+            TASKFORGE_BIND=f"127.0.0.1:{port}",
+            TASKFORGE_WEB_WORKERS=str(WEB_WORKERS),
+            PYTHONUNBUFFERED="1",
+        )
+        # As `make run` does: /metrics sums the counters of all processes (their cost counts).
+        if not env.get("PROMETHEUS_MULTIPROC_DIR"):
+            metrics_dir = self.logdir / "prometheus"
+            metrics_dir.mkdir()
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+        env.setdefault("SECRET_KEY", uuid.uuid4().hex + uuid.uuid4().hex)
+        env.setdefault("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+        env.pop("PORT", None)
+        self.env = env
+        python = sys.executable
+        subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+        self.key = subprocess.run(
+            [python, "manage.py", "createapikey", "bench", "--role", "admin"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        self.service = Service(env, self.logdir)
+        gunicorn = str(Path(python).parent / "gunicorn")
+        if not Path(gunicorn).exists():
+            gunicorn = shutil.which("gunicorn") or "gunicorn"
+        self.service.start("api", [gunicorn, "taskforge.wsgi", "-c", "gunicorn.conf.py"])
+        for loop in LOOPS:
+            self.service.start(loop, [python, "manage.py", f"run_{loop}"])
+        self._wait_ready()
+        self.cpu = CpuMeter(self.service)
+        import redis
+
+        self.redis = redis.Redis.from_url(redis_url)
+        return {
+            "postgres": pg_settings(self.libpq_url),
+            "redis_db_url": _redact(redis_url),
+            "web_workers": WEB_WORKERS,
+            "web_threads": int(env.get("TASKFORGE_WEB_THREADS", 32)),
+            "database_pool_max": int(env.get("DATABASE_POOL_MAX", 16)),
+            "log_level": env.get("LOG_LEVEL", "INFO"),
+            "cpus": os.cpu_count(),
+            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+            "python": sys.version.split()[0],
+            "git": git_describe(),
+        }
+
+    def _wait_ready(self) -> None:
+        assert self.service is not None
+        deadline = time.monotonic() + 60
+        while True:
+            self.service.check_alive()
+            try:
+                conn = http.client.HTTPConnection(*self.address, timeout=2)
+                conn.request("GET", "/readyz")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    return
+                conn.close()
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise BenchError("the API did not become ready within 60 s")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        # A second Ctrl-C must not cut the cleanup short.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        for proc in self.profilers:
+            with contextlib.suppress(Exception):
+                proc.terminate()
+        for child in self.children:
+            with contextlib.suppress(Exception):
+                child.terminate()
+                child.join(2)
+                if child.is_alive():
+                    child.kill()
+        self.children.clear()
+        if self.service is not None:
+            self.service.stop()
+            self.service = None
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                for queue_id in self._queue_ids:
+                    self.redis.delete(f"tf:{{{queue_id}}}:ready", f"tf:{{{queue_id}}}:bucket")
+        if self.db_url and not self.args.keep_db:
+            drop_database(self.db_url)
+
+    # -- helpers --
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        conn = http.client.HTTPConnection(*self.address, timeout=60)
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+            conn.request(method, path, payload, headers)
+            response = conn.getresponse()
+            data = response.read()
+            if response.status >= 300:
+                raise BenchError(f"{method} {path} answered {response.status}: {data[:300]!r}")
+            return json.loads(data) if data else None
+        finally:
+            conn.close()
+
+    def new_queue(self, label: str) -> str:
+        name = f"bench-{label}-{uuid.uuid4().hex[:6]}"
+        queue = self.api("POST", "/queues", {"name": name})
+        self._queue_ids.append(queue["id"])
+        self.queues[name] = queue["id"]
+        return name
+
+    def retire_queue(self, name: str) -> None:
+        """Pause the queue so its leftover backlog costs the dispatcher nothing later.
+
+        Waits (up to 10 s) until the dispatcher has taken the queue's buffered tasks back,
+        so that work does not land in the next measurement.
+        """
+        self.api("POST", f"/queues/{name}/pause")
+        key = f"tf:{{{self.queues[name]}}}:ready"
+        deadline = time.monotonic() + 10
+        with contextlib.suppress(Exception):
+            while self.redis.zcard(key) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    def settle(self, seconds: float = 0.5) -> None:
+        time.sleep(seconds)
+        assert self.service is not None
+        self.service.check_alive()
+
+    def run_load(
+        self,
+        specs: list[tuple[Callable[..., None], dict[str, Any]]],
+        *,
+        warmup: float,
+        window: float,
+        drain: float = 0.0,
+        until_done: float = 0.0,
+        profile: str | None = None,
+    ) -> tuple[list[dict[str, Any]], dict[str, float], Shared]:
+        """Run load processes; measure over [go + warmup, go + warmup + window].
+
+        After the window: wait up to `drain` seconds for the workers to ack what was
+        enqueued, or (`until_done`) up to that long for the processes to finish on their own.
+        """
+        assert self.cpu is not None and self.service is not None
+        shared = Shared(self.ctx)
+        pipes = []
+        for target, cfg in specs:
+            cfg = {**cfg, "address": list(self.address), "key": self.key}
+            receiver, sender = self.ctx.Pipe(duplex=False)
+            proc = self.ctx.Process(target=target, args=(cfg, shared, sender), daemon=True)
+            proc.start()
+            self.children.append(proc)
+            pipes.append((proc, receiver))
+        for proc, _ in pipes:
+            while not shared.ready.acquire(timeout=0.5):
+                if not proc.is_alive():
+                    raise BenchError("a load-generator process died while starting")
+                self.service.check_alive()
+        now = time.monotonic()
+        shared.t_start.value = now + warmup
+        shared.t_end.value = now + warmup + window
+        shared.go.set()
+        time.sleep(max(0.0, shared.t_start.value - time.monotonic()))
+        before = self.cpu.snapshot()
+        if profile:
+            self._start_profilers(profile, window)
+        time.sleep(max(0.0, shared.t_end.value - time.monotonic()))
+        after = self.cpu.snapshot()
+        cores = CpuMeter.delta(before, after, window)
+        deadline = time.monotonic() + drain
+        while time.monotonic() < deadline and shared.acked.value < shared.enqueued.value:
+            time.sleep(0.05)
+        if not until_done:
+            shared.stop.set()
+        results = []
+        for proc, receiver in pipes:
+            if not receiver.poll(until_done or 30):
+                raise BenchError("a load-generator process did not report")
+            results.append(receiver.recv())
+            shared.stop.set()
+            proc.join(5)
+            self.children.remove(proc)
+        self._stop_profilers()
+        return results, cores, shared
+
+    def _start_profilers(self, label: str, window: float) -> None:
+        assert self.service is not None
+        spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+        if spy is None:
+            raise BenchError("--profile needs py-spy: .venv/bin/pip install py-spy")
+        outdir = Path(self.args.profile)
+        outdir.mkdir(parents=True, exist_ok=True)
+        for name, pids in self.service.pids().items():
+            if name in ("scheduler", "watchdog"):
+                continue
+            for pid in pids:
+                out = outdir / f"{label}.{name}.{pid}.txt"
+                self.profilers.append(
+                    subprocess.Popen(
+                        [
+                            *(spy, "record", "--pid", str(pid), "--rate", "200"),
+                            *("--format", "raw", "--gil"),
+                            *("--duration", str(max(1, int(window))), "--output", str(out)),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+
+    def _stop_profilers(self) -> None:
+        for proc in self.profilers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(15)
+        self.profilers.clear()
+
+    # -- the phases --
+
+    def phase_enqueue(self, batch: int, runs: int, profile: bool) -> dict[str, Any]:
+        args = self.args
+        label = "enqueue_batch" if batch else "enqueue_single"
+        threads = args.batch_clients if batch else args.clients
+        per_run = []
+        for run in range(runs + (1 if profile else 0)):
+            profiled = run == runs
+            queue = self.new_queue(label.replace("_", "-"))
+            cfg = {"queue": queue, "batch": batch, "threads": threads}
+            [result], cores, _ = self.run_load(
+                [(load_enqueue, cfg)],
+                warmup=args.warmup,
+                window=args.window,
+                profile=label if profiled else None,
+            )
+            result["rate"] = result["tasks"] / result["window_s"]
+            result["cores"] = finish_cores(cores, result["client_cpu_s"], result["window_s"])
+            result["cpu_ms_per_task"] = cpu_ms_per_task(result["cores"], result["rate"])
+            self.retire_queue(queue)
+            self.settle()
+            if profiled:
+                log(f"{label} (profiled run, not scored): {result['rate']:.0f} tasks/s")
+                continue
+            per_run.append(result)
+            log(f"{label} run {run + 1}/{runs}: {result['rate']:.0f} tasks/s")
+        return {
+            "unit": "tasks/s",
+            "clients": threads,
+            "tasks_per_request": batch or 1,
+            **summary([r["rate"] for r in per_run]),
+            "rtt_p50_ms": summary([r["rtt_p50_ms"] for r in per_run])["median"],
+            "rtt_p99_ms": summary([r["rtt_p99_ms"] for r in per_run])["median"],
+            "cores": median_dict([r["cores"] for r in per_run]),
+            "cpu_ms_per_task": median_dict([r["cpu_ms_per_task"] for r in per_run]),
+            "failures": sum(r["failures"] for r in per_run),
+            "runs": per_run,
+        }
+
+    def phase_e2e(self, batched: bool, runs: int, profile: bool) -> dict[str, Any]:
+        args = self.args
+        label = "e2e_batched" if batched else "e2e_single"
+        producers = args.e2e_batch_producers if batched else args.e2e_producers
+        workers = args.e2e_batch_workers if batched else args.e2e_workers
+        per_run = []
+        for run in range(runs + (1 if profile else 0)):
+            profiled = run == runs
+            queue = self.new_queue(label.replace("_", "-"))
+            common = {"queue": queue}
+            prod = {
+                **common,
+                "threads": producers,
+                "batch": 1000 if batched else 0,
+                "max_backlog": args.batch_backlog if batched else args.single_backlog,
+            }
+            work = {**common, "threads": workers, "max_tasks": 100 if batched else 1}
+            (p, w), cores, shared = self.run_load(
+                [(load_producers, prod), (load_workers, work)],
+                warmup=args.e2e_warmup,
+                window=args.window,
+                drain=args.drain,
+                profile=label if profiled else None,
+            )
+            window = shared.t_end.value - shared.t_start.value
+            result = {
+                "rate": w["acked_in_window"] / window,
+                "enqueue_rate": p["enqueued_in_window"] / window,
+                "failures": p["failures"] + w["failures"],
+                "empty_claims": w["empty_claims"],
+                "throttled_waits": p["throttled_waits"],
+                "left_unacked": shared.enqueued.value - shared.acked.value,
+                "cores": finish_cores(cores, p["client_cpu_s"] + w["client_cpu_s"], window),
+            }
+            result["cpu_ms_per_task"] = cpu_ms_per_task(result["cores"], result["rate"])
+            self.retire_queue(queue)
+            self.settle()
+            if profiled:
+                log(f"{label} (profiled run, not scored): {result['rate']:.0f} tasks/s")
+                continue
+            per_run.append(result)
+            log(f"{label} run {run + 1}/{runs}: {result['rate']:.0f} tasks/s")
+        return {
+            "unit": "tasks/s",
+            "producers": producers,
+            "workers": workers,
+            "claim_max_tasks": 100 if batched else 1,
+            **summary([r["rate"] for r in per_run]),
+            "enqueue_rate_median": summary([r["enqueue_rate"] for r in per_run])["median"],
+            "cores": median_dict([r["cores"] for r in per_run]),
+            "cpu_ms_per_task": median_dict([r["cpu_ms_per_task"] for r in per_run]),
+            "failures": sum(r["failures"] for r in per_run),
+            "runs": per_run,
+        }
+
+    def phase_latency(self, runs: int, profile: bool) -> dict[str, Any]:
+        args = self.args
+        per_run = []
+        timelines: list[tuple[str, float, float]] = []
+        for run in range(runs + (1 if profile else 0)):
+            profiled = run == runs
+            queue = self.new_queue("latency")
+            cfg = {"queue": queue, "samples": args.latency_samples, "gap_s": args.latency_gap}
+            # The window only bounds the CPU sample; the child ends after its samples.
+            expected = args.latency_samples * (args.latency_gap + 0.01)
+            window = min(expected, 5.0)
+            [result], cores, _ = self.run_load(
+                [(load_latency, cfg)],
+                warmup=0.2,
+                window=window,
+                until_done=expected * 3 + 30,
+                profile="latency" if profiled else None,
+            )
+            result["cores"] = finish_cores(cores, result["client_cpu_share"] * window, window)
+            timelines.extend(result.pop("timeline"))
+            self.retire_queue(queue)
+            self.settle(0.2)
+            if profiled:
+                log(f"latency (profiled run, not scored): p50 {result['p50_ms']:.1f} ms")
+                continue
+            per_run.append(result)
+            log(
+                f"latency run {run + 1}/{runs}: p50 {result['p50_ms']:.1f} ms, "
+                f"p99 {result['p99_ms']:.1f} ms ({result['samples']} samples)"
+            )
+            for problem in result["problems"]:
+                log(f"  latency: {problem}")
+        return {
+            "unit": "ms",
+            "wait_seconds": 5,
+            "samples_per_run": args.latency_samples,
+            "p50": summary([r["p50_ms"] for r in per_run]),
+            "p99": summary([r["p99_ms"] for r in per_run]),
+            "p90_median": summary([r["p90_ms"] for r in per_run])["median"],
+            "max": max((r["max_ms"] for r in per_run), default=float("nan")),
+            "cores": median_dict([r["cores"] for r in per_run]),
+            "enqueue_rtt_p50_ms": summary([r["enqueue_rtt_p50_ms"] for r in per_run])["median"],
+            "breakdown_ms": self.latency_breakdown(timelines),
+            "runs": per_run,
+        }
+
+    def latency_breakdown(self, timelines: list[tuple[str, float, float]]) -> dict[str, Any]:
+        """Where the enqueue-to-claim time goes, from each task's events in Postgres.
+
+        Event times are taken by the server just before each transition's statement, the
+        client times around the requests; all are wall-clock times of the same machine.
+        """
+        if not timelines:
+            return {}
+        import psycopg
+
+        at: dict[tuple[str, str | None, str], float] = {}
+        with psycopg.connect(self.libpq_url, connect_timeout=5) as conn:
+            rows = conn.execute(
+                "SELECT task_id::text, from_status, to_status, extract(epoch FROM at)::float8"
+                " FROM tasks_taskevent WHERE task_id = ANY(%s::uuid[])",
+                [[task_id for task_id, _, _ in timelines]],
+            ).fetchall()
+        for task_id, from_status, to_status, epoch in rows:
+            at[(task_id, from_status, to_status)] = epoch
+        segments: dict[str, list[float]] = {name: [] for name in LATENCY_SEGMENTS}
+        for task_id, sent, received in timelines:
+            points = [
+                sent,
+                at.get((task_id, None, "pending")),
+                at.get((task_id, "pending", "claimed")),
+                at.get((task_id, "claimed", "executing")),
+                received,
+            ]
+            if any(p is None for p in points):
+                continue
+            for name, a, b in zip(LATENCY_SEGMENTS, points, points[1:], strict=False):
+                segments[name].append((b - a) * 1000)  # type: ignore[operator]
+        out: dict[str, Any] = {}
+        for name, values in segments.items():
+            values.sort()
+            out[name] = {
+                "p50": round(_pct(values, 50), 2),
+                "p99": round(_pct(values, 99), 2),
+                "what": LATENCY_SEGMENTS[name],
+            }
+        return out
+
+
+LATENCY_SEGMENTS = {
+    "request_to_insert": "client send -> enqueue transaction starts (auth, lookup, validation)",
+    "insert_to_buffered": "-> dispatcher buffers it (commit, NOTIFY, dispatcher wake-up, select)",
+    "buffered_to_handed_out": "-> a claim hands it out (Redis push, wake-up, pop, UPDATE)",
+    "handed_out_to_response": "-> the claim response arrives (commit, serialise, HTTP)",
+}
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    """Median, min, max and spread ((max - min) / median) of the runs."""
+    if not values:
+        return {"median": float("nan"), "min": float("nan"), "max": float("nan")}
+    median = statistics.median(values)
+    return {
+        "median": round(median, 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+        "spread_pct": round((max(values) - min(values)) / median * 100, 1) if median else None,
+        "values": [round(v, 2) for v in values],
+    }
+
+
+def median_dict(dicts: list[dict[str, float]]) -> dict[str, float]:
+    keys = sorted({k for d in dicts for k in d})
+    return {k: round(statistics.median(d.get(k, 0.0) for d in dicts), 2) for k in keys}
+
+
+def _redact(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+# ============================================================================================
+# Report
+# ============================================================================================
+
+
+def verdicts(results: dict[str, Any]) -> dict[str, Any]:
+    figures = {
+        "e2e_batched": results.get("e2e_batched", {}).get("median"),
+        "e2e_single": results.get("e2e_single", {}).get("median"),
+        "latency_p50": results.get("latency", {}).get("p50", {}).get("median"),
+        "latency_p99": results.get("latency", {}).get("p99", {}).get("median"),
+    }
+    out = {}
+    for name, (op, threshold, unit) in TARGETS.items():
+        value = figures[name]
+        met = None
+        if value is not None and value == value:  # not NaN
+            met = value >= threshold if op == ">=" else value <= threshold
+        out[name] = {"value": value, "target": f"{op} {threshold:g} {unit}", "met": met}
+    return out
+
+
+def table(report: dict[str, Any]) -> str:
+    res = report["results"]
+    targets = report["targets"]
+    rows = [("figure", "median", "min .. max (spread)", "target", "met")]
+
+    def mark(name: str) -> tuple[str, str]:
+        if name not in targets:
+            return "", ""
+        t = targets[name]
+        return t["target"], {True: "yes", False: "NO", None: "?"}[t["met"]]
+
+    def row(label: str, stats: dict[str, Any], unit: str, target: str | None = None) -> None:
+        if not stats:
+            return
+        tgt, met = mark(target) if target else ("", "")
+        spread_pct = stats.get("spread_pct")
+        spread = f"{stats['min']:g} .. {stats['max']:g}"
+        spread += f" ({spread_pct:g}%)" if spread_pct is not None else ""
+        rows.append((label, f"{stats['median']:g} {unit}", spread, tgt, met))
+
+    if "enqueue_single" in res:
+        e = res["enqueue_single"]
+        row(f"enqueue single ({e['clients']} conns)", e, "tasks/s")
+    if "enqueue_batch" in res:
+        e = res["enqueue_batch"]
+        row(f"enqueue batch (1000/req, {e['clients']} conns)", e, "tasks/s")
+    if "e2e_single" in res:
+        e = res["e2e_single"]
+        row(f"e2e single ({e['producers']}P/{e['workers']}W)", e, "tasks/s", "e2e_single")
+    if "e2e_batched" in res:
+        e = res["e2e_batched"]
+        row(f"e2e batched ({e['producers']}P/{e['workers']}W)", e, "tasks/s", "e2e_batched")
+    if "latency" in res:
+        row("enqueue->claim p50", res["latency"]["p50"], "ms", "latency_p50")
+        row("enqueue->claim p99", res["latency"]["p99"], "ms", "latency_p99")
+    widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+
+    lines.append("")
+    lines.append(
+        "CPU during the measured windows, in cores (median of runs; "
+        f"{report['environment'].get('cpus')} cores = the whole machine):"
+    )
+    for name in ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "latency"):
+        if name in res:
+            cores = res[name]["cores"]
+            ranked = sorted(cores.items(), key=lambda item: -item[1])
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in ranked if v >= 0.005)
+            lines.append(f"  {name:15} {parts}")
+    lines.append("")
+    lines.append(
+        "Service CPU per task in ms (median of runs; API + loops + Postgres + Redis). "
+        "On C free cores, tasks/s <= C * 1000 / total:"
+    )
+    for name in ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched"):
+        per = res.get(name, {}).get("cpu_ms_per_task")
+        if per:
+            ranked = sorted(((k, v) for k, v in per.items() if k != "total"), key=lambda i: -i[1])
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in ranked if v >= 0.005)
+            lines.append(f"  {name:15} total {per['total']:.2f}: {parts}")
+    breakdown = res.get("latency", {}).get("breakdown_ms")
+    if breakdown:
+        lines.append("")
+        lines.append("Enqueue-to-claim latency, by segment (p50 / p99 ms, all runs pooled):")
+        for name, seg in breakdown.items():
+            lines.append(f"  {seg['p50']:8.1f} / {seg['p99']:8.1f}  {name:24} {seg['what']}")
+    ref = report["reference"]
+    lines.append("")
+    lines.append(
+        "Reference (issue 3, 2-core machine): Celery 5 + Redis, acks_late "
+        f"~{ref['celery5_redis_acks_late_e2e_tasks_per_s']} tasks/s e2e; Procrastinate "
+        f"~{ref['procrastinate_e2e_tasks_per_s']}/s; one Postgres statement per 100 tasks "
+        f"~{ref['one_pg_statement_per_100_tasks_per_s']:,} tasks/s."
+    )
+    env = report["environment"]
+    pg = env.get("postgres", {})
+    lines.append(
+        f"Setup: gunicorn {env.get('web_workers')} workers x {env.get('web_threads')} threads, "
+        f"3 loops; Postgres {pg.get('server_version')} (fsync {pg.get('fsync')}, "
+        f"synchronous_commit {pg.get('synchronous_commit')}); {env.get('cpus')} CPUs, "
+        f"load average at start {env.get('loadavg_at_start')}; commit {env.get('git')}."
+    )
+    return "\n".join(lines)
+
+
+# ============================================================================================
+# Main
+# ============================================================================================
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
+    p.add_argument(
+        "--only",
+        default="enqueue,e2e,latency",
+        help="comma-separated phases: enqueue, e2e, latency (default all)",
+    )
+    p.add_argument("--window", type=float, default=3.0, help="measured seconds per run")
+    p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before")
+    p.add_argument("--e2e-warmup", type=float, default=1.0)
+    p.add_argument("--drain", type=float, default=5.0, help="max seconds to drain after e2e")
+    p.add_argument("--clients", type=int, default=16, help="connections, single enqueue")
+    p.add_argument("--batch-clients", type=int, default=2, help="connections, batch enqueue")
+    p.add_argument("--e2e-producers", type=int, default=8)
+    p.add_argument("--e2e-workers", type=int, default=8)
+    p.add_argument("--e2e-batch-producers", type=int, default=2)
+    p.add_argument("--e2e-batch-workers", type=int, default=4)
+    p.add_argument("--single-backlog", type=int, default=100, help="max tasks not yet acked")
+    p.add_argument("--batch-backlog", type=int, default=4000)
+    p.add_argument("--latency-samples", type=int, default=200)
+    p.add_argument("--latency-gap", type=float, default=0.02, help="idle seconds before each")
+    p.add_argument("--profile", metavar="DIR", help="one extra py-spy-recorded run per phase")
+    p.add_argument("--json", metavar="FILE", help="also write the JSON report to FILE")
+    p.add_argument("--keep-db", action="store_true", help=f"keep {BENCH_DB} afterwards")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="start the service, print its address and admin key, wait for Ctrl-C (profiling)",
+    )
+    args = p.parse_args(argv)
+    args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
+    unknown = args.phases - {"enqueue", "e2e", "latency"}
+    if unknown:
+        p.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
+    return args
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    # Only the first signal interrupts: Ctrl-C under make reaches us twice (directly and
+    # forwarded by devservices), and the cleanup must run to its end.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    bench = Bench(args)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    started = time.monotonic()
+    try:
+        environment = bench.start()
+        log(f"service ready on {bench.address[0]}:{bench.address[1]}")
+        if args.serve:
+            print(
+                json.dumps({"address": "{}:{}".format(*bench.address), "key": bench.key}),
+                flush=True,
+            )
+            print(json.dumps(bench.service.pids() if bench.service else {}), flush=True)
+            while True:
+                time.sleep(1)
+                assert bench.service is not None
+                bench.service.check_alive()
+        profile = bool(args.profile)
+        results: dict[str, Any] = {}
+        if "enqueue" in args.phases:
+            results["enqueue_single"] = bench.phase_enqueue(0, args.runs, profile)
+            results["enqueue_batch"] = bench.phase_enqueue(1000, args.runs, profile)
+        if "e2e" in args.phases:
+            results["e2e_single"] = bench.phase_e2e(False, args.runs, profile)
+            results["e2e_batched"] = bench.phase_e2e(True, args.runs, profile)
+        if "latency" in args.phases:
+            results["latency"] = bench.phase_latency(args.runs, profile)
+    except Interrupted as exc:
+        log(f"interrupted ({exc}); stopping")
+        bench.stop()
+        return 130
+    except BenchError as exc:
+        log(f"error: {exc}")
+        bench.stop()
+        return 1
+    except BaseException:
+        bench.stop()
+        raise
+    bench.stop()
+    report = {
+        "bench": "taskforge",
+        "version": 1,
+        "runs": args.runs,
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "environment": environment,
+        "results": results,
+        "targets": verdicts(results),
+        "reference": REFERENCE,
+    }
+    print(table(report))
+    line = json.dumps(report, separators=(",", ":"), default=str)
+    if args.json:
+        Path(args.json).write_text(line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
