@@ -14,9 +14,18 @@ import redis
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from taskforge.api.authentication import forget_cached_keys
 from taskforge.api.models import ApiKey
 
 os.environ.setdefault("SECRET_KEY", "test-secret-key")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_key_cache() -> Iterator[None]:
+    """Each test sees keys as the database has them (no per-process memory)."""
+    forget_cached_keys()
+    yield
+    forget_cached_keys()
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import redis
 from django.conf import settings
@@ -53,9 +53,16 @@ def heartbeats_key(task_id: uuid.UUID | str) -> str:
     return f"tf:{{{task_id}}}:hb"
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
 def score(priority: int, scheduled_at: datetime) -> int:
-    """Lower is handed out first: priority, then scheduled_at; ties by id (UUIDv7)."""
-    return priority * _PRIORITY_WEIGHT + int(scheduled_at.timestamp() * 1000)
+    """Lower is handed out first: priority, then scheduled_at; ties by id (UUIDv7).
+
+    Exact integer arithmetic, the same as tasks.sql.BUFFER_DUE computes it.
+    """
+    return priority * _PRIORITY_WEIGHT + (scheduled_at - _EPOCH) // _MS
 
 
 # KEYS[1] ready set, KEYS[2] bucket; ARGV[1] how many at most, ARGV[2] rate
@@ -116,12 +123,23 @@ class Buffer:
         self.client = client
         self._take = client.register_script(_TAKE)
 
-    def push(self, queue_id: uuid.UUID | str, items: Iterable[tuple[str, int]]) -> int:
-        """Add `(task_id, score)` pairs; an id already there keeps its place."""
+    def push(
+        self, queue_id: uuid.UUID | str, items: Iterable[tuple[str, int]], *, wake: bool = False
+    ) -> int:
+        """Add `(task_id, score)` pairs; an id already there keeps its place.
+
+        With `wake`, also tell waiting long polls, in the same round trip.
+        """
         mapping = {task_id: task_score for task_id, task_score in items}
         if not mapping:
             return 0
-        return int(self.client.zadd(ready_key(queue_id), mapping, nx=True))
+        if not wake:
+            return int(self.client.zadd(ready_key(queue_id), mapping, nx=True))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(ready_key(queue_id), mapping, nx=True)
+        pipe.publish(WAKE_CHANNEL, str(queue_id))
+        added, _ = pipe.execute()
+        return int(added)
 
     def take(self, queue_id: uuid.UUID | str, limit: int, rate_limit: int | None) -> Taken:
         """Pop up to `limit` ids in order, as the queue's token bucket allows."""

@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from datetime import datetime
 
 from django.db import connection, transaction
-from django.utils import timezone
 from redis.exceptions import RedisError
 
 from queues.models import Queue
@@ -57,13 +57,13 @@ class DispatcherLoop(Loop):
 
     def tick(self) -> bool:
         """Dispatch the queues named by notifications, or all of them when due."""
-        if get_buffer().ensure_epoch():
-            # Redis lost its data (or this is its first use): restore every
-            # claimed task's buffer entry now rather than after the reconcile delay.
-            rebuffer_missing(claimed_before=None)
         queues = Queue.objects.all()
         if time.monotonic() >= self._next_full_pass:
             self._next_full_pass = time.monotonic() + self.interval
+            if get_buffer().ensure_epoch():
+                # Redis lost its data (or this is its first use): restore every
+                # claimed task's entry now rather than after the reconcile delay.
+                rebuffer_missing(claimed_before=None)
         else:
             queues = queues.filter(id__in=self._woken | self._more)
         self._woken = set()
@@ -96,32 +96,23 @@ class DispatcherLoop(Loop):
 
     def _select_and_buffer(
         self, queue: Queue, limit: int, *, better_than: int | None = None
-    ) -> list[Task]:
-        now = timezone.now()
-        with transaction.atomic():
-            # Uses task_pending_due_idx, in its order; SKIP LOCKED lets any
-            # number of dispatchers share a queue without waiting on each other.
-            tasks = list(
-                Task.objects.select_for_update(skip_locked=True, no_key=True)
-                .filter(queue=queue, status=S.PENDING, scheduled_at__lte=now)
-                .order_by("priority", "scheduled_at", "id")[:limit]
-            )
-            if better_than is not None:
-                tasks = [t for t in tasks if score(t.priority, t.scheduled_at) < better_than]
-            for task in tasks:
-                task.queue = queue
-            transitions.buffer(tasks, now=now)
-        return tasks
+    ) -> list[tuple[str, int, datetime]]:
+        # One statement (its own transaction): SKIP LOCKED select in hand-out
+        # order over task_pending_due_idx, the move to claimed, the events.
+        return transitions.buffer_due(queue, limit=limit, better_than=better_than)
 
-    def _push(self, queue: Queue, tasks: Sequence[Task]) -> None:
+    def _push(self, queue: Queue, tasks: Sequence[tuple[str, int, datetime]]) -> None:
         buffer = get_buffer()
         try:
-            buffer.push(queue.id, [(str(t.pk), score(t.priority, t.scheduled_at)) for t in tasks])
+            buffer.push(
+                queue.id,
+                [(task_id, score(priority, due)) for task_id, priority, due in tasks],
+                wake=True,
+            )
         except RedisError:
             # Back to pending now rather than after the reconcile delay.
-            self._unbuffer(queue, [str(t.pk) for t in tasks])
+            self._unbuffer(queue, [task_id for task_id, _, _ in tasks])
             raise
-        buffer.wake([str(queue.id)])
 
     def _preempt(self, queue: Queue) -> bool:
         """Swap the buffer's least urgent tasks for more urgent pending ones."""

@@ -44,6 +44,9 @@ def enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
     same call) yields the existing task instead of a new one.  `scheduled_at`
     is always set: the enqueue time unless a later time or a delay is given.
     """
+    if all(spec.idempotency_key is None for spec in specs):
+        # One INSERT statement: atomic by itself, no transaction to open.
+        return _enqueue(queue, specs)
     for attempt in range(_IDEMPOTENCY_RETRIES):
         try:
             with transaction.atomic():

@@ -14,6 +14,59 @@ TASK_COLUMNS = """
     t.idempotency_key, t.created_at, t.updated_at, t.status_changed_at, t.finished_at
 """
 
+# -- create --
+# null -> pending for new tasks of one queue, events included; wakes the
+# dispatchers (delivered on commit) when any task is due.  Params: queue_id,
+# now, ids (uuid[]), payloads (jsonb as text[]), priorities, scheduled
+# (timestamptz[]), max_retries, keys (text[], NULL for none), notify (bool).
+CREATE = """
+WITH new AS (
+    INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at, attempts,
+                            max_retries, idempotency_key, created_at, updated_at,
+                            status_changed_at)
+    SELECT i.id, %(queue_id)s, i.payload::jsonb, 'pending', i.priority, i.scheduled_at, 0,
+           i.max_retries, i.key, %(now)s, %(now)s, %(now)s
+    FROM unnest(%(ids)s::uuid[], %(payloads)s::text[], %(priorities)s::int[],
+                %(scheduled)s::timestamptz[], %(max_retries)s::int[], %(keys)s::text[])
+        AS i(id, payload, priority, scheduled_at, max_retries, key)
+    RETURNING id
+), events AS (
+    INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, attempt)
+    SELECT id, %(queue_id)s, %(now)s, NULL, 'pending', 0 FROM new
+)
+SELECT pg_notify('taskforge_dispatch', %(queue_id)s::text) WHERE %(notify)s
+"""
+
+# -- buffer_due --
+# pending -> claimed for one batch of a queue's due tasks, in hand-out order
+# (task_pending_due_idx), skipping rows other dispatchers hold; only those
+# scoring below better_than (tasks.buffer.score) when it is given.  Params:
+# queue_id, now, limit, better_than (bigint or NULL).
+BUFFER_DUE = """
+WITH picked AS (
+    SELECT id, status_changed_at FROM tasks_task
+    WHERE queue_id = %(queue_id)s AND status = 'pending' AND scheduled_at <= %(now)s
+      AND (%(better_than)s::bigint IS NULL
+           OR priority::bigint * 10000000000000
+              + floor(extract(epoch FROM scheduled_at) * 1000)::bigint < %(better_than)s::bigint)
+    ORDER BY priority, scheduled_at, id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+), moved AS (
+    UPDATE tasks_task t
+    SET status = 'claimed', updated_at = %(now)s, status_changed_at = %(now)s
+    FROM picked
+    WHERE t.id = picked.id AND t.status = 'pending'
+    RETURNING t.id, t.priority, t.scheduled_at, t.attempts,
+              picked.status_changed_at AS previous_changed_at
+), events AS (
+    INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, attempt)
+    SELECT id, %(queue_id)s, %(now)s, 'pending', 'claimed', attempts FROM moved
+)
+SELECT id, priority, scheduled_at, attempts, previous_changed_at FROM moved
+ORDER BY priority, scheduled_at, id
+"""
+
 # -- hand_out --
 # claimed -> executing for the ids a claim popped from the buffer.  Ids no
 # longer `claimed` (cancelled, or handed out through a duplicate buffer

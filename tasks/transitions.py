@@ -16,6 +16,7 @@ Nothing else in TaskForge writes `Task.status`.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -61,19 +62,79 @@ def is_allowed(from_status: str | None, to_status: str) -> bool:
 def create(tasks: Sequence[Task], *, now: datetime | None = None) -> list[Task]:
     """Insert new tasks as `pending` (the transition from nothing).
 
-    Caller contract: inside `atomic()`; the tasks are unsaved and carry their
-    queue, payload, priority, scheduled_at, max_retries and idempotency key.
+    One statement per queue writes the tasks and their events and, when any
+    is due, notifies the dispatchers (on commit).  Caller contract: the tasks
+    are unsaved and carry their queue, payload, priority, scheduled_at,
+    max_retries and idempotency key; inside `atomic()` when several
+    statements must stand or fall together.
 
     Raises:
         IntegrityError: an idempotency key already exists in the queue.
     """
     now = now or timezone.now()
+    by_queue: dict[Any, list[Task]] = {}
+    for task in tasks:
+        by_queue.setdefault(task.queue_id, []).append(task)
+    with connection.cursor() as cursor:
+        for queue_id, group in by_queue.items():
+            cursor.execute(
+                sql.CREATE,
+                {
+                    "queue_id": queue_id,
+                    "now": now,
+                    "ids": [task.pk for task in group],
+                    "payloads": [json.dumps(task.payload) for task in group],
+                    "priorities": [task.priority for task in group],
+                    "scheduled": [task.scheduled_at for task in group],
+                    "max_retries": [task.max_retries for task in group],
+                    "keys": [task.idempotency_key for task in group],
+                    "notify": any(task.scheduled_at <= now for task in group),
+                },
+            )
     for task in tasks:
         task.status = S.PENDING
+        task.attempts = 0
         task.created_at = task.updated_at = task.status_changed_at = now
-    created = Task.objects.bulk_create(tasks)
-    _record(created, from_statuses=[None] * len(created), verb="created", now=now)
-    return created
+        task._state.adding = False
+        task._state.db = "default"
+    _log_on_commit("task.created", tasks, [None] * len(tasks), [None] * len(tasks), None)
+    return list(tasks)
+
+
+def buffer_due(
+    queue: Queue, *, limit: int, better_than: int | None = None, now: datetime | None = None
+) -> list[tuple[str, int, datetime]]:
+    """pending -> claimed for up to `limit` of the queue's due tasks, in one statement.
+
+    Takes them in hand-out order, skipping rows other dispatchers hold, and
+    only those scoring below `better_than` when it is given.  Returns
+    `(id, priority, scheduled_at)` of the buffered tasks, best first.
+    Caller contract: autocommit (the statement is its own transaction) or
+    inside `atomic()`.
+    """
+    now = now or timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.BUFFER_DUE,
+            {"queue_id": queue.id, "now": now, "limit": limit, "better_than": better_than},
+        )
+        rows = cursor.fetchall()
+    lines = [
+        {
+            "task_id": str(task_id),
+            "queue": queue.name,
+            "worker_id": None,
+            "from_status": S.PENDING,
+            "to_status": S.CLAIMED,
+            "attempt": attempts,
+            "duration_ms": round((now - previous).total_seconds() * 1000, 3),
+        }
+        for task_id, _, _, attempts, previous in rows
+    ]
+    transaction.on_commit(lambda: _log("task.buffered", lines))
+    return [
+        (str(task_id), priority, scheduled_at) for task_id, priority, scheduled_at, _, _ in rows
+    ]
 
 
 def buffer(tasks: Sequence[Task], *, now: datetime | None = None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -16,6 +18,37 @@ from taskforge.api.models import ApiKey, hash_key
 # last_used_at is for operators ("is this key still used?"); writing it on
 # every request would turn each read into a write, so it is coarse.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+# Valid keys are remembered per process for a few seconds: every request
+# would otherwise pay a query for the same row.  A revoked key stops working
+# within KEY_CACHE_SECONDS.  Unknown keys are never cached.
+KEY_CACHE_SECONDS = 5.0
+_KEY_CACHE_MAX = 10_000
+_key_cache: dict[str, tuple[ApiKey, float]] = {}
+_key_cache_lock = threading.Lock()
+
+
+def _lookup(key_hash: str) -> ApiKey | None:
+    now = time.monotonic()
+    hit = _key_cache.get(key_hash)
+    if hit is not None and hit[1] > now:
+        return hit[0]
+    api_key = ApiKey.objects.active().filter(key_hash=key_hash).first()
+    with _key_cache_lock:
+        if api_key is None:
+            _key_cache.pop(key_hash, None)
+        else:
+            if len(_key_cache) >= _KEY_CACHE_MAX:
+                _key_cache.clear()
+            _key_cache[key_hash] = (api_key, now + KEY_CACHE_SECONDS)
+    return api_key
+
+
+def forget_cached_keys() -> None:
+    """Drop every remembered key (tests, and after revoking in this process)."""
+    with _key_cache_lock:
+        _key_cache.clear()
 
 
 class ApiPrincipal:
@@ -41,7 +74,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
             raise AuthenticationFailed("Use 'Authorization: Bearer <api key>'.")
-        api_key = ApiKey.objects.active().filter(key_hash=hash_key(key)).first()
+        api_key = _lookup(hash_key(key))
         if api_key is None:
             raise AuthenticationFailed("Unknown or revoked API key.")
         self._touch(api_key)
@@ -59,3 +92,4 @@ class ApiKeyAuthentication(BaseAuthentication):
             ApiKey.objects.filter(
                 Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale), pk=api_key.pk
             ).update(last_used_at=now)
+            api_key.last_used_at = now
