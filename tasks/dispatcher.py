@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 S = TaskStatus
 BATCH = 500
+# A queue whose buffer is full has a backlog in Postgres: look at its buffer
+# this often, so claims that drain it find it refilled within API.md's 100 ms.
+FULL_BUFFER_POLL = 0.05
+IDLE, MORE, FULL = object(), object(), object()
 
 
 class DispatcherLoop(Loop):
@@ -49,6 +53,7 @@ class DispatcherLoop(Loop):
         self._listening_on: object = None
         self._woken: set[str] = set()  # queue ids named by NOTIFY since the last tick
         self._more: set[str] = set()  # queue ids whose last batch was full
+        self._full: set[str] = set()  # queue ids whose buffer is full (a backlog waits)
         self._next_full_pass = 0.0
 
     @property
@@ -58,35 +63,51 @@ class DispatcherLoop(Loop):
     def tick(self) -> bool:
         """Dispatch the queues named by notifications, or all of them when due."""
         queues = Queue.objects.all()
-        if time.monotonic() >= self._next_full_pass:
+        full_pass = time.monotonic() >= self._next_full_pass
+        if full_pass:
             self._next_full_pass = time.monotonic() + self.interval
             if get_buffer().ensure_epoch():
                 # Redis lost its data (or this is its first use): restore every
                 # claimed task's entry now rather than after the reconcile delay.
                 rebuffer_missing(claimed_before=None)
         else:
-            queues = queues.filter(id__in=self._woken | self._more)
-        self._woken = set()
-        self._more = set()
+            queues = queues.filter(id__in=self._woken | self._more | self._full)
+        woken = self._woken
+        self._woken, self._more, self._full = set(), set(), set()
         for queue in queues:
+            key = str(queue.id)
             if queue.paused:
                 self.drain(queue)
-            elif self.dispatch(queue):
-                self._more.add(str(queue.id))
+                continue
+            outcome = self.dispatch(queue, preempt=full_pass or key in woken)
+            if outcome is MORE:
+                self._more.add(key)
+            elif outcome is FULL:
+                self._full.add(key)
         return bool(self._more)
 
-    def dispatch(self, queue: Queue) -> bool:
-        """Buffer one batch of the queue's due pending tasks; True if more may wait."""
+    def dispatch(self, queue: Queue, *, preempt: bool = True) -> object:
+        """Buffer one batch of the queue's due pending tasks.
+
+        Returns MORE (a full batch moved: go again now), FULL (the buffer is
+        full: watch it drain and refill it) or IDLE.
+        """
         buffer = get_buffer()
         room = conf.BUFFER_SIZE - buffer.size(queue.id)
+        if room < 0:
+            # Enqueues push fresh tasks straight in; keep the buffer at its size.
+            self._unbuffer(queue, buffer.pop_worst(queue.id, -room))
         if room <= 0:
-            return self._preempt(queue)
+            if preempt and self._preempt(queue):
+                return MORE
+            return FULL
         limit = min(BATCH, room)
         tasks = self._select_and_buffer(queue, limit)
-        if not tasks:
-            return False
-        self._push(queue, tasks)
-        return len(tasks) == limit
+        if tasks:
+            self._push(queue, tasks)
+        if len(tasks) < limit:
+            return IDLE
+        return FULL if limit == room else MORE
 
     def drain(self, queue: Queue) -> None:
         """Take a paused queue's buffered tasks back to `pending`."""
@@ -142,6 +163,8 @@ class DispatcherLoop(Loop):
     def wait(self, seconds: float) -> None:
         """Sleep until a NOTIFY names a queue, the tick is due, or we stop."""
         deadline = time.monotonic() + min(seconds, self._next_full_pass - time.monotonic())
+        if self._full:
+            deadline = min(deadline, time.monotonic() + FULL_BUFFER_POLL)
         try:
             pg = self._listen()
             while not self.stopping:

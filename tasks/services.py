@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -9,10 +10,14 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from queues.models import Queue
 from tasks import transitions
+from tasks.buffer import get_buffer, score
 from tasks.models import Task
+
+logger = logging.getLogger(__name__)
 
 # Concurrent enqueues with the same idempotency key: the loser of the insert
 # race rolls back and retries, and then finds the winner's task.
@@ -88,10 +93,30 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
             known[key] = task
         new.append(task)
         results.append((task, True))
-    transitions.create(new, now=now)
+    # A due task of a running queue goes straight into the buffer: no wait for
+    # the dispatcher's hop.  The dispatcher still trims a buffer that grows
+    # past TASKFORGE_BUFFER_SIZE and covers everything else.
+    fast = not queue.paused
+    transitions.create(new, now=now, buffer=fast)
+    if fast:
+        due = [task for task in new if task.scheduled_at <= now]
+        if due:
+            transaction.on_commit(lambda: _push_buffered(queue, due))
     for task, _ in results:
         task.queue = queue  # serializers read the name; spare them a query each
     return [Enqueued(task, created) for task, created in results]
+
+
+def _push_buffered(queue: Queue, tasks: Sequence[Task]) -> None:
+    """Push tasks created `claimed` to Redis; a failure leaves them to the reconcile."""
+    try:
+        get_buffer().push(
+            queue.id, [(str(t.pk), score(t.priority, t.scheduled_at)) for t in tasks], wake=True
+        )
+    except RedisError:
+        logger.warning(
+            "enqueue.buffer_push_failed", extra={"queue": queue.name, "count": len(tasks)}
+        )
 
 
 def _due_time(spec: TaskSpec, now: datetime) -> datetime:

@@ -15,24 +15,32 @@ TASK_COLUMNS = """
 """
 
 # -- create --
-# null -> pending for new tasks of one queue, events included; wakes the
-# dispatchers (delivered on commit) when any task is due.  Params: queue_id,
-# now, ids (uuid[]), payloads (jsonb as text[]), priorities, scheduled
-# (timestamptz[]), max_retries, keys (text[], NULL for none), notify (bool).
+# null -> pending for new tasks of one queue, events included.  Rows flagged
+# `buffer` (due now, queue not paused) go on to claimed in the same statement,
+# with that event too, for the caller to push to Redis after commit: a fresh
+# task skips the dispatcher's hop.  Other due rows wake the dispatchers
+# (NOTIFY, delivered on commit).  Params: queue_id, now, ids (uuid[]),
+# payloads (jsonb as text[]), priorities, scheduled (timestamptz[]),
+# max_retries, keys (text[], NULL for none), buffer (bool[]), notify (bool).
 CREATE = """
 WITH new AS (
     INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at, attempts,
                             max_retries, idempotency_key, created_at, updated_at,
                             status_changed_at)
-    SELECT i.id, %(queue_id)s, i.payload::jsonb, 'pending', i.priority, i.scheduled_at, 0,
-           i.max_retries, i.key, %(now)s, %(now)s, %(now)s
+    SELECT i.id, %(queue_id)s, i.payload::jsonb,
+           CASE WHEN i.buffer THEN 'claimed' ELSE 'pending' END,
+           i.priority, i.scheduled_at, 0, i.max_retries, i.key, %(now)s, %(now)s, %(now)s
     FROM unnest(%(ids)s::uuid[], %(payloads)s::text[], %(priorities)s::int[],
-                %(scheduled)s::timestamptz[], %(max_retries)s::int[], %(keys)s::text[])
-        AS i(id, payload, priority, scheduled_at, max_retries, key)
-    RETURNING id
+                %(scheduled)s::timestamptz[], %(max_retries)s::int[], %(keys)s::text[],
+                %(buffer)s::bool[])
+        AS i(id, payload, priority, scheduled_at, max_retries, key, buffer)
+    RETURNING id, status
 ), events AS (
     INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, attempt)
     SELECT id, %(queue_id)s, %(now)s, NULL, 'pending', 0 FROM new
+    UNION ALL
+    SELECT id, %(queue_id)s, %(now)s, 'pending', 'claimed', 0 FROM new
+    WHERE status = 'claimed'
 )
 SELECT pg_notify('taskforge_dispatch', %(queue_id)s::text) WHERE %(notify)s
 """

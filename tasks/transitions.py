@@ -59,12 +59,17 @@ def is_allowed(from_status: str | None, to_status: str) -> bool:
     return to_status in ALLOWED.get(from_status, frozenset())
 
 
-def create(tasks: Sequence[Task], *, now: datetime | None = None) -> list[Task]:
+def create(
+    tasks: Sequence[Task], *, now: datetime | None = None, buffer: bool = False
+) -> list[Task]:
     """Insert new tasks as `pending` (the transition from nothing).
 
-    One statement per queue writes the tasks and their events and, when any
-    is due, notifies the dispatchers (on commit).  Caller contract: the tasks
-    are unsaved and carry their queue, payload, priority, scheduled_at,
+    One statement per queue writes the tasks and their events.  With
+    `buffer`, tasks already due go on to `claimed` in the same statement
+    (the caller pushes them to Redis after commit); otherwise due tasks wake
+    the dispatchers (NOTIFY, on commit).  Returns the tasks as enqueued
+    (`pending`: what API.md says an enqueue answers).  Caller contract: the
+    tasks are unsaved and carry their queue, payload, priority, scheduled_at,
     max_retries and idempotency key; inside `atomic()` when several
     statements must stand or fall together.
 
@@ -75,8 +80,10 @@ def create(tasks: Sequence[Task], *, now: datetime | None = None) -> list[Task]:
     by_queue: dict[Any, list[Task]] = {}
     for task in tasks:
         by_queue.setdefault(task.queue_id, []).append(task)
+    buffered: list[Task] = []
     with connection.cursor() as cursor:
         for queue_id, group in by_queue.items():
+            flags = [buffer and task.scheduled_at <= now for task in group]
             cursor.execute(
                 sql.CREATE,
                 {
@@ -88,9 +95,14 @@ def create(tasks: Sequence[Task], *, now: datetime | None = None) -> list[Task]:
                     "scheduled": [task.scheduled_at for task in group],
                     "max_retries": [task.max_retries for task in group],
                     "keys": [task.idempotency_key for task in group],
-                    "notify": any(task.scheduled_at <= now for task in group),
+                    "buffer": flags,
+                    "notify": any(
+                        task.scheduled_at <= now and not flag
+                        for task, flag in zip(group, flags, strict=True)
+                    ),
                 },
             )
+            buffered += [task for task, flag in zip(group, flags, strict=True) if flag]
     for task in tasks:
         task.status = S.PENDING
         task.attempts = 0
@@ -98,6 +110,12 @@ def create(tasks: Sequence[Task], *, now: datetime | None = None) -> list[Task]:
         task._state.adding = False
         task._state.db = "default"
     _log_on_commit("task.created", tasks, [None] * len(tasks), [None] * len(tasks), None)
+    if buffered:
+        buffered_lines = [
+            _line(task.pk, task.queue.name, None, S.PENDING, S.CLAIMED, 0, timedelta(0))
+            for task in buffered
+        ]
+        transaction.on_commit(lambda: _log("task.buffered", buffered_lines))
     return list(tasks)
 
 
@@ -120,15 +138,7 @@ def buffer_due(
         )
         rows = cursor.fetchall()
     lines = [
-        {
-            "task_id": str(task_id),
-            "queue": queue.name,
-            "worker_id": None,
-            "from_status": S.PENDING,
-            "to_status": S.CLAIMED,
-            "attempt": attempts,
-            "duration_ms": round((now - previous).total_seconds() * 1000, 3),
-        }
+        _line(task_id, queue.name, None, S.PENDING, S.CLAIMED, attempts, now - previous)
         for task_id, _, _, attempts, previous in rows
     ]
     transaction.on_commit(lambda: _log("task.buffered", lines))
@@ -446,18 +456,33 @@ def _log_on_commit(
     worker_id: str | None,
 ) -> None:
     lines = [
-        {
-            "task_id": str(task.pk),
-            "queue": task.queue.name,
-            "worker_id": worker_id,
-            "from_status": from_status,
-            "to_status": task.status,
-            "attempt": task.attempts,
-            "duration_ms": None if duration is None else round(duration.total_seconds() * 1000, 3),
-        }
+        _line(
+            task.pk, task.queue.name, worker_id, from_status, task.status, task.attempts, duration
+        )
         for task, from_status, duration in zip(tasks, from_statuses, durations, strict=True)
     ]
     transaction.on_commit(lambda: _log(event, lines))
+
+
+def _line(
+    task_id: Any,
+    queue: str,
+    worker_id: str | None,
+    from_status: str | None,
+    to_status: str,
+    attempt: int,
+    duration: timedelta | None,
+) -> dict[str, Any]:
+    """The fields of a transition's JSON log line (API.md, Operations)."""
+    return {
+        "task_id": str(task_id),
+        "queue": queue,
+        "worker_id": worker_id,
+        "from_status": from_status,
+        "to_status": to_status,
+        "attempt": attempt,
+        "duration_ms": None if duration is None else round(duration.total_seconds() * 1000, 3),
+    }
 
 
 def _wake_dispatchers(tasks: Sequence[Task], now: datetime) -> None:

@@ -88,8 +88,8 @@ def ack(worker_id: str, items: Sequence[Item]) -> list[Outcome]:
         )
         for item in items
     ]
-    with transaction.atomic():
-        acked = {str(task.pk): task for task in transitions.ack_many(rows, worker_id=worker_id)}
+    # One statement: atomic on its own, no transaction to open.
+    acked = {str(task.pk): task for task in transitions.ack_many(rows, worker_id=worker_id)}
     missing = [item for item in items if item.task_id not in acked]
     if missing:
         done = {

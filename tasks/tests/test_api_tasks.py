@@ -33,6 +33,7 @@ def enqueue(client: APIClient, body: dict, queue: str = "q"):
     return client.post(f"/queues/{queue}/tasks", body, format="json")
 
 
+@pytest.mark.usefixtures("redis_client")
 def test_enqueue__defaults(producer_client: APIClient, queue) -> None:
     before = timezone.now()
     response = enqueue(producer_client, {"payload": {"to": "a@b.c"}})
@@ -45,7 +46,13 @@ def test_enqueue__defaults(producer_client: APIClient, queue) -> None:
     assert body["payload"] == {"to": "a@b.c"}
     assert parse_time(body["scheduled_at"]) >= before
     assert body["scheduled_at"] == body["created_at"]
-    assert Task.objects.get(pk=body["id"]).status == S.PENDING
+    # Due, in a running queue: it went straight into the dispatch buffer.
+    assert Task.objects.get(pk=body["id"]).status == S.CLAIMED
+    chain = TaskEvent.objects.filter(task_id=body["id"]).order_by("id")
+    assert [(e.from_status, e.to_status) for e in chain] == [
+        (None, S.PENDING),
+        (S.PENDING, S.CLAIMED),
+    ]
 
 
 @pytest.mark.parametrize("payload", [0, "text", [1, 2], {"nested": {"a": [None, True]}}, 1.5])
@@ -320,3 +327,24 @@ def test_stats__empty_queue(producer_client: APIClient, queue) -> None:
     stats = producer_client.get("/queues/q/stats").json()
     assert stats["error_rate"] == 0
     assert stats["oldest_pending_age_seconds"] is None
+
+
+@pytest.mark.usefixtures("redis_client")
+def test_enqueue__due_task_is_claimable_without_the_dispatcher(
+    producer_client: APIClient, worker_client: APIClient, queue, django_capture_on_commit_callbacks
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        task_id = enqueue(producer_client, {"payload": 1}).json()["id"]
+    claim = worker_client.post("/workers/claim", {"worker_id": "w", "queues": ["q"]}, format="json")
+    assert [t["id"] for t in claim.json()["tasks"]] == [task_id]
+
+
+@pytest.mark.usefixtures("redis_client")
+def test_enqueue__paused_or_future_tasks_stay_pending(
+    producer_client: APIClient, admin_client: APIClient, queue
+) -> None:
+    later = enqueue(producer_client, {"payload": 1, "delay_seconds": 60}).json()
+    admin_client.post("/queues/q/pause")
+    paused = enqueue(producer_client, {"payload": 2}).json()
+    assert Task.objects.get(pk=later["id"]).status == S.PENDING
+    assert Task.objects.get(pk=paused["id"]).status == S.PENDING
