@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from queues.exceptions import QueueExists, QueueNotEmpty
 from queues.models import Queue
-from tasks import transitions
+from tasks import sql, transitions
 from tasks.models import LIVE_STATUSES, Task, TaskStatus
 
 PURGE_BATCH = 1000
@@ -24,10 +24,15 @@ def create_queue(name: str, **fields: Any) -> Queue:
 
 
 def update_queue(queue: Queue, **fields: Any) -> Queue:
+    """Change a queue's settings; resuming it wakes the dispatchers at once."""
     if fields:
         for name, value in fields.items():
             setattr(queue, name, value)
-        queue.save(update_fields=list(fields))
+        with transaction.atomic():
+            queue.save(update_fields=list(fields))
+            if fields.get("paused") is False:
+                with connection.cursor() as cursor:
+                    cursor.execute(sql.NOTIFY_DISPATCH, {"queue_id": str(queue.id)})
     return queue
 
 

@@ -58,6 +58,16 @@ def rebuffer_missing(*, claimed_before: datetime | None, limit: int = 50_000) ->
             present = buffer.present(queue_id, [task_id for task_id, _ in items])
             missing = [item for item, here in zip(items, present, strict=True) if not here]
             if missing:
+                # A claim may have popped some of them and be committing its
+                # hand-out right now: ask Postgres again, just before the push.
+                still = {
+                    str(task_id)
+                    for task_id in Task.objects.filter(
+                        pk__in=[task_id for task_id, _ in missing], status=TaskStatus.CLAIMED
+                    ).values_list("id", flat=True)
+                }
+                missing = [item for item in missing if item[0] in still]
+            if missing:
                 restored += buffer.push(queue_id, missing)
                 woken.add(queue_id)
         if len(batch) < BATCH:
