@@ -13,6 +13,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from queues.models import Queue
+from taskforge.conf import conf
 from tasks import transitions
 from tasks.buffer import get_buffer, score
 from tasks.models import Task
@@ -93,10 +94,10 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
             known[key] = task
         new.append(task)
         results.append((task, True))
-    # A due task of a running queue goes straight into the buffer: no wait for
-    # the dispatcher's hop.  The dispatcher still trims a buffer that grows
-    # past TASKFORGE_BUFFER_SIZE and covers everything else.
-    fast = not queue.paused
+    # Due tasks of a running queue go straight into the buffer when they fit:
+    # no wait for the dispatcher's hop.  A batch that would overflow the
+    # buffer (a backlog) is left to the dispatcher, which keeps hand-out order.
+    fast = not queue.paused and _buffer_has_room(queue, sum(t.scheduled_at <= now for t in new))
     transitions.create(new, now=now, buffer=fast)
     if fast:
         due = [task for task in new if task.scheduled_at <= now]
@@ -105,6 +106,15 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
     for task, _ in results:
         task.queue = queue  # serializers read the name; spare them a query each
     return [Enqueued(task, created) for task, created in results]
+
+
+def _buffer_has_room(queue: Queue, count: int) -> bool:
+    if count == 0:
+        return False
+    try:
+        return get_buffer().size(queue.id) + count <= conf.BUFFER_SIZE
+    except RedisError:
+        return False  # Redis is down: the tasks wait as pending, the dispatcher retries
 
 
 def _push_buffered(queue: Queue, tasks: Sequence[Task]) -> None:
