@@ -26,6 +26,7 @@ from taskforge import urls
 from taskforge.api.models import ApiKey
 from tasks.models import Task, TaskEvent
 from tasks.tests.factories import TaskFactory
+from tests.helpers import assert_error
 
 pytestmark = pytest.mark.django_db
 
@@ -134,17 +135,6 @@ def snapshot() -> tuple[Any, ...]:
         sorted(Task.objects.values_list("id", "status")),
         TaskEvent.objects.count(),
     )
-
-
-def assert_error(response: Response, code: int, error_code: str) -> None:
-    assert response.status_code == code, response.content
-    assert response["Content-Type"] == "application/json"
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"code", "message"}
-    assert body["error"]["code"] == error_code
-    assert isinstance(body["error"]["message"], str)
-    assert body["error"]["message"]
 
 
 def assert_unauthenticated(response: Response) -> None:

@@ -16,21 +16,10 @@ from rest_framework import status
 from rest_framework.test import APIClient
 
 from queues.tests.factories import QueueFactory
+from tests.helpers import assert_error
 from tests.urls_boom import SECRET
 
 pytestmark = pytest.mark.django_db
-
-
-def assert_error(response: Any, code: int, error_code: str) -> dict[str, Any]:
-    assert response.status_code == code, response.content
-    assert response["Content-Type"] == "application/json"
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"code", "message"}
-    assert body["error"]["code"] == error_code
-    assert isinstance(body["error"]["message"], str)
-    assert body["error"]["message"]
-    return body
 
 
 def assert_no_internals(response: Any) -> None:

@@ -18,19 +18,9 @@ from taskforge.lib.logging import JsonFormatter
 from tasks import transitions
 from tasks.models import TaskEvent, TaskStatus
 from tasks.tests.factories import TaskFactory
+from tests.helpers import TRANSITION_FIELDS
 
 S = TaskStatus
-TRANSITION_FIELDS = {
-    "ts",
-    "event",
-    "task_id",
-    "queue",
-    "worker_id",
-    "from_status",
-    "to_status",
-    "attempt",
-    "duration_ms",
-}
 REQUEST_FIELDS = {"method", "path", "status", "duration_ms", "remote_addr", "pid"}
 
 

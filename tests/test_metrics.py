@@ -40,21 +40,11 @@ from tasks import transitions
 from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskStatus
 from tasks.tests.factories import TaskFactory
+from tests.helpers import TRANSITION_FIELDS
 from workers.models import Worker
 
 S = TaskStatus
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-TRANSITION_FIELDS = {
-    "ts",
-    "event",
-    "task_id",
-    "queue",
-    "worker_id",
-    "from_status",
-    "to_status",
-    "attempt",
-    "duration_ms",
-}
 
 
 def parse(text: str) -> Samples:
