@@ -1,0 +1,127 @@
+"""`taskforge`: the command line on top of `TaskForge` (JSON on stdout).
+
+Examples::
+
+    taskforge queues
+    taskforge enqueue emails '{"to": "a@example.com"}' --priority 1 --delay 30
+    taskforge task emails 0190...
+    taskforge stats emails
+    taskforge dlq list emails
+    taskforge dlq replay emails ID [ID ...]    |  taskforge dlq replay emails --all
+
+The server and key come from --url/--api-key or TASKFORGE_URL/TASKFORGE_API_KEY. An API
+error prints `{"error": {...}}` on stderr and exits 1 (2 for a usage error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from taskforge_client.client import TaskForge
+from taskforge_client.errors import TaskForgeError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="taskforge", description="TaskForge command line.")
+    parser.add_argument("--url", default=os.environ.get("TASKFORGE_URL"))
+    parser.add_argument("--api-key", default=os.environ.get("TASKFORGE_API_KEY"))
+    parser.add_argument("--timeout", type=float, default=10.0)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("queues", help="list queues")
+
+    enqueue = sub.add_parser("enqueue", help="add a task")
+    enqueue.add_argument("queue")
+    enqueue.add_argument("payload", help="the payload, as JSON")
+    enqueue.add_argument("--priority", type=int)
+    when = enqueue.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=float, help="seconds from now")
+    when.add_argument("--at", help="ISO 8601 time with Z or an offset")
+    enqueue.add_argument("--idempotency-key")
+    enqueue.add_argument("--max-retries", type=int)
+
+    task = sub.add_parser("task", help="show a task")
+    task.add_argument("queue")
+    task.add_argument("id")
+    task.add_argument("--events", action="store_true", help="also its state transitions")
+
+    stats = sub.add_parser("stats", help="a queue's stats")
+    stats.add_argument("queue")
+
+    dlq = sub.add_parser("dlq", help="dead-letter queue")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True)
+    dlq_list = dlq_sub.add_parser("list", help="list dead tasks")
+    dlq_list.add_argument("queue")
+    dlq_list.add_argument("--limit", type=int, default=100)
+    replay = dlq_sub.add_parser("replay", help="replay dead tasks")
+    replay.add_argument("queue")
+    replay.add_argument("ids", nargs="*")
+    replay.add_argument("--all", action="store_true")
+    return parser
+
+
+def _run(args: argparse.Namespace, client: TaskForge) -> Any:
+    if args.command == "queues":
+        return {"results": [q.raw for q in client.list_queues()]}
+    if args.command == "enqueue":
+        from taskforge_client.models import parse_time
+
+        payload = json.loads(args.payload)
+        return client.enqueue(
+            args.queue,
+            payload,
+            priority=args.priority,
+            delay=args.delay,
+            at=parse_time(args.at) if args.at else None,
+            idempotency_key=args.idempotency_key,
+            max_retries=args.max_retries,
+        ).raw
+    if args.command == "task":
+        out = client.get_task(args.queue, args.id).raw
+        if args.events:
+            out = {**out, "events": [e.raw for e in client.task_events(args.queue, args.id)]}
+        return out
+    if args.command == "stats":
+        return client.stats(args.queue).raw
+    if args.command == "dlq" and args.dlq_command == "list":
+        return {"results": [d.raw for d in client.dlq(args.queue, limit=args.limit)]}
+    if args.command == "dlq" and args.dlq_command == "replay":
+        if args.all:
+            return {"replayed": client.replay_all(args.queue)}
+        return {"replayed": client.replay_many(args.queue, args.ids)}
+    raise AssertionError(args)  # pragma: no cover
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `taskforge` console script; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if not args.url or not args.api_key:
+        parser.error("--url and --api-key (or TASKFORGE_URL and TASKFORGE_API_KEY) are required")
+    if args.command == "dlq" and args.dlq_command == "replay" and bool(args.all) == bool(args.ids):
+        parser.error("dlq replay: give task ids or --all (not both)")
+    if args.command == "enqueue":
+        try:
+            json.loads(args.payload)
+        except ValueError as exc:
+            parser.error(f"payload is not JSON: {exc}")
+    with TaskForge(args.url, args.api_key, timeout=args.timeout) as client:
+        try:
+            out = _run(args, client)
+        except TaskForgeError as exc:
+            sys.stderr.write(json.dumps(exc.to_dict()) + "\n")
+            return 1
+        except ValueError as exc:
+            parser.error(str(exc))
+    sys.stdout.write(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

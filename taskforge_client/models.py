@@ -1,0 +1,228 @@
+"""Typed results of the TaskForge API (dataclasses; times are aware `datetime`s in UTC).
+
+Each object keeps the answer it was built from in `raw` (handy for JSON output); fields
+the server adds later are ignored rather than rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An ISO 8601 time from the API (`...Z`), or None."""
+    if value is None or value == "":
+        return None
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A queue: `GET /queues/:name`."""
+
+    id: str
+    name: str
+    max_retries: int
+    rate_limit: int | None
+    paused: bool
+    created_at: datetime | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Queue:
+        return cls(
+            id=str(data["id"]),
+            name=data["name"],
+            max_retries=int(data["max_retries"]),
+            rate_limit=data.get("rate_limit"),
+            paused=bool(data.get("paused")),
+            created_at=parse_time(data.get("created_at")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task. `lease_expires_at` is set only on tasks handed out by a claim."""
+
+    id: str
+    queue: str
+    payload: Any
+    status: str
+    priority: int
+    scheduled_at: datetime | None
+    claimed_at: datetime | None
+    claimed_by: str | None
+    heartbeat_at: datetime | None
+    attempts: int
+    max_retries: int
+    last_error: str | None
+    result: Any
+    idempotency_key: str | None
+    created_at: datetime | None
+    updated_at: datetime | None
+    finished_at: datetime | None
+    lease_expires_at: datetime | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Task:
+        return cls(
+            id=str(data["id"]),
+            queue=data["queue"],
+            payload=data.get("payload"),
+            status=data["status"],
+            priority=int(data.get("priority", 5)),
+            scheduled_at=parse_time(data.get("scheduled_at")),
+            claimed_at=parse_time(data.get("claimed_at")),
+            claimed_by=data.get("claimed_by"),
+            heartbeat_at=parse_time(data.get("heartbeat_at")),
+            attempts=int(data.get("attempts", 0)),
+            max_retries=int(data.get("max_retries", 0)),
+            last_error=data.get("last_error"),
+            result=data.get("result"),
+            idempotency_key=data.get("idempotency_key"),
+            created_at=parse_time(data.get("created_at")),
+            updated_at=parse_time(data.get("updated_at")),
+            finished_at=parse_time(data.get("finished_at")),
+            lease_expires_at=parse_time(data.get("lease_expires_at")),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class TaskEvent:
+    """One state transition of a task: `GET .../tasks/:id/events`."""
+
+    at: datetime | None
+    from_status: str | None
+    to_status: str
+    worker_id: str | None
+    attempt: int | None
+    error: str | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskEvent:
+        return cls(
+            at=parse_time(data.get("at")),
+            from_status=data.get("from_status"),
+            to_status=data["to_status"],
+            worker_id=data.get("worker_id"),
+            attempt=data.get("attempt"),
+            error=data.get("error"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A dead task in a queue's DLQ; `id` is the task's id."""
+
+    id: str
+    queue: str
+    payload: Any
+    last_error: str | None
+    attempts: int
+    died_at: datetime | None
+    replayed_at: datetime | None
+    replay_count: int
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeadLetter:
+        return cls(
+            id=str(data["id"]),
+            queue=data["queue"],
+            payload=data.get("payload"),
+            last_error=data.get("last_error"),
+            attempts=int(data.get("attempts", 0)),
+            died_at=parse_time(data.get("died_at")),
+            replayed_at=parse_time(data.get("replayed_at")),
+            replay_count=int(data.get("replay_count", 0)),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class Depth:
+    """Task counts of a queue by state (see `Stats`)."""
+
+    pending: int = 0
+    scheduled: int = 0
+    claimed: int = 0
+    executing: int = 0
+    retry: int = 0
+
+
+@dataclass(frozen=True)
+class Stats:
+    """`GET /queues/:name/stats`."""
+
+    queue: str
+    paused: bool
+    depth: Depth
+    dlq_depth: int
+    throughput_per_second: float
+    error_rate: float
+    oldest_pending_age_seconds: float | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Stats:
+        depth = data.get("depth") or {}
+        return cls(
+            queue=data["queue"],
+            paused=bool(data.get("paused")),
+            depth=Depth(**{k: int(depth.get(k, 0)) for k in Depth.__dataclass_fields__}),
+            dlq_depth=int(data.get("dlq_depth", 0)),
+            throughput_per_second=float(data.get("throughput_per_second") or 0.0),
+            error_rate=float(data.get("error_rate") or 0.0),
+            oldest_pending_age_seconds=data.get("oldest_pending_age_seconds"),
+            raw=data,
+        )
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One item of a `heartbeat/batch` or `ack/batch` answer."""
+
+    task_id: str
+    ok: bool
+    status: str | None = None
+    lease_expires_at: datetime | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchResult:
+        error = data.get("error") or {}
+        return cls(
+            task_id=str(data["task_id"]),
+            ok=bool(data.get("ok")),
+            status=data.get("status"),
+            lease_expires_at=parse_time(data.get("lease_expires_at")),
+            error_code=error.get("code"),
+            error_message=error.get("message"),
+        )
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The answer to a single heartbeat."""
+
+    task_id: str
+    status: str
+    heartbeat_at: datetime | None
+    lease_expires_at: datetime | None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Heartbeat:
+        return cls(
+            task_id=str(data["task_id"]),
+            status=data["status"],
+            heartbeat_at=parse_time(data.get("heartbeat_at")),
+            lease_expires_at=parse_time(data.get("lease_expires_at")),
+        )

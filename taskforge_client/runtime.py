@@ -1,0 +1,449 @@
+"""`Worker`: runs a handler for each task claimed from TaskForge queues.
+
+A worker long-polls `/workers/claim` for as many tasks as it has free slots, runs the
+handler for each in a pool of `concurrency` threads, heartbeats every running task (one
+`heartbeat/batch` call per round), acks with the handler's return value and nacks with
+the exception's text. `Permanent` skips the retries; `RetryAfter(seconds)` picks the delay.
+
+On SIGTERM or SIGINT it stops claiming, lets running handlers finish within
+`grace_seconds`, nacks (for a retry) those still running after that, and returns. Network
+errors and 503s (a TaskForge restart) are logged and retried with backoff.
+
+Run it from a shell::
+
+    python -m taskforge_client.worker mymodule:handle --queue emails --concurrency 4 \\
+        --url http://localhost:8080 --api-key $KEY
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import queue as queue_module
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from taskforge_client.client import TaskForge
+from taskforge_client.errors import (
+    ConnectionFailed,
+    LeaseLost,
+    NotFound,
+    ServerError,
+    TaskForgeError,
+)
+from taskforge_client.models import Task
+
+log = logging.getLogger("taskforge_client.worker")
+
+Handler = Callable[[Task], Any]
+
+
+class Permanent(Exception):
+    """Raise from a handler to fail the task without retries (it goes to the DLQ)."""
+
+
+class RetryAfter(Exception):
+    """Raise from a handler to retry the task after `seconds` instead of the backoff."""
+
+    def __init__(self, seconds: float, message: str = "") -> None:
+        super().__init__(message or f"retry after {seconds}s")
+        self.seconds = max(0.0, min(float(seconds), 86400.0))
+
+
+@dataclass
+class _Running:
+    task: Task
+    started: float
+    lost: bool = False  # lease lost or given up: the outcome is not reported
+    reported: threading.Event = field(default_factory=threading.Event)
+    lease_seconds: float | None = None
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()[:100]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _lease_seconds(task: Task) -> float | None:
+    start = task.heartbeat_at or task.claimed_at
+    if task.lease_expires_at is None or start is None:
+        return None
+    return max(0.1, (task.lease_expires_at - start).total_seconds())
+
+
+def _error_text(exc: BaseException) -> str:
+    head = f"{type(exc).__name__}: {exc}"
+    trace = "".join(traceback.format_exception(exc))
+    text = f"{head}\n\n{trace}"
+    if len(text) > 10000:
+        text = text[:4000] + "\n...\n" + text[-5900:]
+    return text
+
+
+class Worker:
+    """Claims tasks from `queues` and runs `handler(task)` for each.
+
+    Args:
+        url, api_key: the server and a key of the `worker` (or `admin`) role.
+        queues: names of 1..20 queues, claimed from in this order.
+        handler: called with the `Task`; its return value (JSON-serializable) is the result.
+        concurrency: handlers running at once (threads).
+        worker_id: this worker's name (default: host:pid:random).
+        grace_seconds: after a stop request, how long running handlers may take.
+        heartbeat_interval: seconds between heartbeat rounds; shortened to a third of the
+            lease the server grants when that is shorter.
+        wait_seconds: the claim long-poll (0..30).
+        client: a `TaskForge` to use instead of one built from url and api_key.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str,
+        *,
+        queues: list[str],
+        handler: Handler,
+        concurrency: int = 1,
+        worker_id: str | None = None,
+        grace_seconds: float = 30.0,
+        heartbeat_interval: float = 10.0,
+        wait_seconds: float = 30.0,
+        client: TaskForge | None = None,
+    ) -> None:
+        if not queues:
+            raise ValueError("give at least one queue")
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.queues = list(queues)
+        self.handler = handler
+        self.concurrency = concurrency
+        self.worker_id = worker_id or _default_worker_id()
+        self.grace_seconds = grace_seconds
+        self.heartbeat_interval = heartbeat_interval
+        self.wait_seconds = max(0.0, min(30.0, wait_seconds))
+        self.client = client or TaskForge(url, api_key, maxsize=concurrency + 2)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._slots = threading.Condition(self._lock)
+        self._running: dict[str, _Running] = {}
+        self._inbox: queue_module.Queue[_Running | None] = queue_module.Queue()
+        self._threads: list[threading.Thread] = []
+        self.processed = 0
+        self.failed = 0
+
+    # -- public --
+
+    def stop(self) -> None:
+        """Ask the worker to stop claiming and drain (what SIGTERM does)."""
+        if not self._stop.is_set():
+            log.info("worker %s stopping", self.worker_id)
+        self._stop.set()
+        with self._slots:
+            self._slots.notify_all()
+
+    @property
+    def running_tasks(self) -> list[str]:
+        """Ids of tasks whose handler is running."""
+        with self._lock:
+            return list(self._running)
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Run until `stop()` or SIGTERM/SIGINT, then drain within the grace period."""
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, self._on_signal)
+        log.info(
+            "worker %s started: queues=%s concurrency=%d",
+            self.worker_id,
+            self.queues,
+            self.concurrency,
+        )
+        for n in range(self.concurrency):
+            self._spawn(self._execute_loop, f"taskforge-exec-{n}")
+        self._spawn(self._heartbeat_loop, "taskforge-heartbeat")
+        claimer = self._spawn(self._claim_loop, "taskforge-claim")
+        while not self._stop.wait(0.5):
+            pass
+        self._drain(claimer)
+
+    # -- loops --
+
+    def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return thread
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("worker %s got %s", self.worker_id, signal.Signals(signum).name)
+        self.stop()
+
+    def _claim_loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            with self._slots:
+                while len(self._running) >= self.concurrency and not self._stop.is_set():
+                    self._slots.wait(1.0)
+                free = self.concurrency - len(self._running)
+            if self._stop.is_set():
+                return
+            try:
+                tasks = self.client.claim(
+                    self.worker_id,
+                    self.queues,
+                    max_tasks=min(free, 100),
+                    wait_seconds=self.wait_seconds,
+                )
+                failures = 0
+            except (ConnectionFailed, ServerError) as exc:
+                failures += 1
+                delay = random.uniform(0.5, 1.0) * min(10.0, 0.5 * 2 ** min(failures, 5))
+                log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+                self._stop.wait(delay)
+                continue
+            except NotFound as exc:
+                log.error("claim: %s; retrying in 5s (create the queue?)", exc)
+                self._stop.wait(5.0)
+                continue
+            except TaskForgeError as exc:
+                log.error("claim refused (%s); retrying in 5s", exc)
+                self._stop.wait(5.0)
+                continue
+            if self._stop.is_set() and tasks:
+                for task in tasks:
+                    run = _Running(task, time.monotonic())
+                    self._nack(run, "worker stopping: task handed back unstarted", retry_after=0)
+                return
+            for task in tasks:
+                run = _Running(task, time.monotonic(), lease_seconds=_lease_seconds(task))
+                with self._lock:
+                    self._running[task.id] = run
+                log.info(
+                    "claimed task %s (queue %s, attempt %d)", task.id, task.queue, task.attempts
+                )
+                self._inbox.put(run)
+
+    def _execute_loop(self) -> None:
+        while True:
+            run = self._inbox.get()
+            if run is None:
+                return
+            try:
+                self._execute(run)
+            finally:
+                with self._slots:
+                    self._running.pop(run.task.id, None)
+                    self._slots.notify_all()
+                run.reported.set()
+
+    def _execute(self, run: _Running) -> None:
+        task = run.task
+        try:
+            result = self.handler(task)
+            if result is not None:
+                json.dumps(result)  # refuse a result the API could not store, as a failure
+        except Permanent as exc:
+            self._nack(run, _error_text(exc), retry=False)
+        except RetryAfter as exc:
+            self._nack(run, _error_text(exc), retry_after=exc.seconds)
+        except Exception as exc:
+            log.warning("task %s failed: %s: %s", task.id, type(exc).__name__, exc)
+            self._nack(run, _error_text(exc))
+        else:
+            self._ack(run, result)
+
+    def _report(self, run: _Running, what: str, call: Callable[[], Any]) -> bool:
+        """Send an ack or nack, retrying network errors for up to a minute."""
+        deadline = time.monotonic() + 60.0
+        delay = 0.2
+        while True:
+            if run.lost:
+                log.warning("task %s: lease given up; %s not sent", run.task.id, what)
+                return False
+            try:
+                call()
+                return True
+            except LeaseLost as exc:
+                log.warning("task %s: lease lost, %s dropped (%s)", run.task.id, what, exc.message)
+                return False
+            except (ConnectionFailed, ServerError) as exc:
+                if time.monotonic() > deadline:
+                    log.error("task %s: %s not delivered (%s); giving up", run.task.id, what, exc)
+                    return False
+                log.warning("task %s: %s failed (%s); retrying", run.task.id, what, exc)
+                time.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(5.0, delay * 2)
+            except TaskForgeError as exc:
+                log.error("task %s: %s refused: %s", run.task.id, what, exc)
+                return False
+
+    def _ack(self, run: _Running, result: Any) -> None:
+        task = run.task
+        if self._report(
+            run,
+            "ack",
+            lambda: self.client.ack(self.worker_id, task.id, task.attempts, result),
+        ):
+            self.processed += 1
+            log.info("task %s done in %.3fs", task.id, time.monotonic() - run.started)
+
+    def _nack(
+        self, run: _Running, error: str, *, retry: bool = True, retry_after: float | None = None
+    ) -> None:
+        task = run.task
+        if self._report(
+            run,
+            "nack",
+            lambda: self.client.nack(
+                self.worker_id,
+                task.id,
+                error,
+                attempt=task.attempts,
+                retry=retry,
+                retry_after_seconds=retry_after,
+            ),
+        ):
+            self.failed += 1
+            log.info("task %s nacked (retry=%s)", task.id, retry)
+
+    def _interval(self) -> float:
+        with self._lock:
+            leases = [r.lease_seconds for r in self._running.values() if r.lease_seconds]
+        shortest = min(leases) if leases else None
+        if shortest is None:
+            return self.heartbeat_interval
+        return max(0.1, min(self.heartbeat_interval, shortest / 3))
+
+    def _heartbeat_loop(self) -> None:
+        last_round = time.monotonic()
+        while True:
+            time.sleep(0.1)
+            # Recomputed each tick: a task with a short lease may have just arrived.
+            if time.monotonic() - last_round < self._interval():
+                continue
+            last_round = time.monotonic()
+            with self._lock:
+                runs = [r for r in self._running.values() if not r.lost]
+            if not runs:
+                continue
+            for start in range(0, len(runs), 100):
+                chunk = runs[start : start + 100]
+                try:
+                    results = self.client.heartbeat_batch(
+                        self.worker_id, [(r.task.id, r.task.attempts) for r in chunk]
+                    )
+                except TaskForgeError as exc:
+                    log.warning("heartbeat of %d tasks failed: %s", len(chunk), exc)
+                    continue
+                for run, res in zip(chunk, results, strict=False):
+                    if not res.ok and res.error_code == "lease_lost":
+                        run.lost = True
+                        log.warning(
+                            "task %s: lease lost (%s); its outcome will be dropped",
+                            run.task.id,
+                            res.error_message,
+                        )
+                    elif not res.ok:
+                        log.warning("task %s: heartbeat refused: %s", run.task.id, res.error_code)
+
+    # -- shutdown --
+
+    def _drain(self, claimer: threading.Thread) -> None:
+        deadline = time.monotonic() + self.grace_seconds
+        # A long poll still in flight is not waited for (that could take 30 s): tasks it
+        # hands out after the stop are nacked at once by the claim loop when it returns
+        # before the process exits, else their leases expire and they are retried.
+        with self._slots:
+            while self._running and time.monotonic() < deadline:
+                self._slots.wait(max(0.01, min(0.5, deadline - time.monotonic())))
+            left = [r for r in self._running.values() if not r.reported.is_set()]
+        for run in left:
+            log.warning(
+                "task %s still running after %.1fs grace; nacking", run.task.id, self.grace_seconds
+            )
+            self._nack(run, "worker shut down before the handler finished", retry_after=0)
+            run.lost = True
+        for _ in range(self.concurrency):
+            self._inbox.put(None)
+        self.client.close()
+        log.info(
+            "worker %s stopped: %d done, %d failed, %d abandoned",
+            self.worker_id,
+            self.processed,
+            self.failed,
+            len(left),
+        )
+
+
+def load_handler(spec: str) -> Handler:
+    """`module:function` (or `module.function`) to the function."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"handler must be module:function, not {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    target: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"{spec} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m taskforge_client.worker module:function --queue q ...`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m taskforge_client.worker", description="Run a TaskForge worker."
+    )
+    parser.add_argument("handler", help="module:function called with each Task")
+    parser.add_argument(
+        "--queue",
+        "-q",
+        action="append",
+        required=True,
+        dest="queues",
+        help="queue to claim from (repeat for several, in priority order)",
+    )
+    parser.add_argument("--concurrency", "-c", type=int, default=1)
+    parser.add_argument("--url", default=os.environ.get("TASKFORGE_URL"))
+    parser.add_argument("--api-key", default=os.environ.get("TASKFORGE_API_KEY"))
+    parser.add_argument("--worker-id", default=None)
+    parser.add_argument("--grace-seconds", type=float, default=30.0)
+    parser.add_argument("--heartbeat-interval", type=float, default=10.0)
+    parser.add_argument("--wait-seconds", type=float, default=30.0)
+    parser.add_argument("--log-level", default=os.environ.get("LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s",
+    )
+    if not args.url or not args.api_key:
+        parser.error("--url and --api-key (or TASKFORGE_URL and TASKFORGE_API_KEY) are required")
+    handler = load_handler(args.handler)
+    worker = Worker(
+        args.url,
+        args.api_key,
+        queues=args.queues,
+        handler=handler,
+        concurrency=args.concurrency,
+        worker_id=args.worker_id,
+        grace_seconds=args.grace_seconds,
+        heartbeat_interval=args.heartbeat_interval,
+        wait_seconds=args.wait_seconds,
+    )
+    worker.run()
+    return 0

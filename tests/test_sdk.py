@@ -1,0 +1,497 @@
+"""The Python SDK (`taskforge_client`) against a real TaskForge.
+
+One service (gunicorn + the three loops, tests/service.py, with its fast knobs: 2 s leases,
+50 ms retry base) serves the whole module; each test uses queues and keys of its own.
+Workers run in threads of the test or, where signals matter, as subprocesses
+(`python -m taskforge_client.worker tests.sdk_handlers:...`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from taskforge.api.models import ApiKey
+from taskforge_client import (
+    Conflict,
+    ConnectionFailed,
+    Forbidden,
+    Invalid,
+    LeaseLost,
+    NotFound,
+    TaskForge,
+    TaskSpec,
+    Unauthorized,
+    Unavailable,
+    Worker,
+)
+from taskforge_client.cli import main as cli_main
+from tests import sdk_handlers
+from tests.service import ROOT, Service, database_url
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+# -- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, django_db_setup: None) -> Iterator[Service]:
+    svc = Service(
+        tmp_path_factory.mktemp("sdk-service"),
+        {
+            "DATABASE_URL": database_url(connection.settings_dict),
+            "REDIS_URL": settings.REDIS_URL,
+            "SECRET_KEY": "sdk-secret-key",
+        },
+    )
+    try:
+        svc.start()
+        yield svc
+    finally:
+        svc.stop()
+
+
+class Keys:
+    def __init__(self) -> None:
+        self.admin = ApiKey.issue(name="sdk-admin", role="admin")[1]
+        self.producer = ApiKey.issue(name="sdk-producer", role="producer")[1]
+        self.worker = ApiKey.issue(name="sdk-worker", role="worker")[1]
+
+
+@pytest.fixture
+def keys(service: Service) -> Keys:
+    return Keys()
+
+
+@pytest.fixture
+def admin(service: Service, keys: Keys) -> Iterator[TaskForge]:
+    with TaskForge(service.base_url, keys.admin) as client:
+        yield client
+
+
+@pytest.fixture
+def producer(service: Service, keys: Keys) -> Iterator[TaskForge]:
+    with TaskForge(service.base_url, keys.producer) as client:
+        yield client
+
+
+def qname() -> str:
+    return f"sdk-{uuid.uuid4().hex[:10]}"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def running_worker(
+    service: Service, key: str, queue: str, handler: Callable[[Any], Any], **kwargs: Any
+) -> Iterator[Worker]:
+    worker = Worker(
+        service.base_url,
+        key,
+        queues=[queue],
+        handler=handler,
+        wait_seconds=kwargs.pop("wait_seconds", 1.0),
+        grace_seconds=kwargs.pop("grace_seconds", 5.0),
+        **kwargs,
+    )
+    thread = threading.Thread(target=lambda: worker.run(install_signal_handlers=False))
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "worker did not stop"
+
+
+def spawn_worker(
+    service: Service, key: str, queue: str, handler: str, worker_id: str, log: Path
+) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "taskforge_client.worker",
+                handler,
+                "--queue",
+                queue,
+                "--concurrency",
+                "2",
+                "--worker-id",
+                worker_id,
+                "--grace-seconds",
+                "10",
+                "--wait-seconds",
+                "1",
+                "--url",
+                service.base_url,
+            ],
+            cwd=ROOT,
+            env={"TASKFORGE_API_KEY": key, "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+def test_client_round_trip(admin: TaskForge, producer: TaskForge, keys: Keys, service: Service):
+    name = qname()
+    queue = admin.create_queue(name, max_retries=0)
+    assert (queue.name, queue.max_retries, queue.paused) == (name, 0, False)
+    assert isinstance(queue.created_at, datetime) and queue.created_at.tzinfo is not None
+    with pytest.raises(Conflict) as exists:
+        admin.create_queue(name)
+    assert (exists.value.code, exists.value.status) == ("queue_exists", 409)
+    assert name in [q.name for q in producer.list_queues(limit=None)]
+    assert admin.pause_queue(name).paused and not admin.resume_queue(name).paused
+    assert admin.update_queue(name, rate_limit=50).rate_limit == 50
+    assert admin.update_queue(name, rate_limit=None).rate_limit is None
+
+    # Enqueue: single, with a key (idempotent), delay, at, batch.
+    task = producer.enqueue(name, {"n": 1}, priority=2)
+    assert (task.status, task.priority, task.payload, task.queue) == ("pending", 2, {"n": 1}, name)
+    keyed = producer.enqueue(name, {"n": 2}, idempotency_key="k-1", max_retries=4)
+    again = producer.enqueue(name, {"n": 2}, idempotency_key="k-1")
+    assert again.id == keyed.id and keyed.max_retries == 4
+    later = producer.enqueue(name, "later", delay=timedelta(hours=1))
+    assert later.scheduled_at is not None
+    assert later.scheduled_at > datetime.now(UTC) + timedelta(minutes=59)
+    at = datetime.now(UTC) + timedelta(days=1)
+    dated = producer.enqueue(name, [1, 2], at=at)
+    assert dated.scheduled_at is not None and abs((dated.scheduled_at - at).total_seconds()) < 1
+    batch = producer.enqueue_many(
+        name, [TaskSpec({"b": 0}), {"payload": {"b": 1}, "priority": 9, "delay": 3600}]
+    )
+    assert [t.payload for t in batch] == [{"b": 0}, {"b": 1}] and batch[1].priority == 9
+
+    # Read back.
+    got = producer.get_task(name, task.id)
+    assert got.id == task.id and got.created_at == task.created_at
+    listed = producer.list_tasks(name, limit=None)
+    assert {t.id for t in listed} >= {task.id, keyed.id, later.id, dated.id}
+    assert len(producer.list_tasks(name, limit=2)) == 2
+    assert producer.task_events(name, task.id)[0].to_status == "pending"
+    stats = producer.stats(name)
+    assert stats.queue == name and stats.depth.scheduled >= 3 and stats.dlq_depth == 0
+
+    # Cancel: once, then invalid_state.
+    assert producer.cancel_task(name, later.id).status == "cancelled"
+    with pytest.raises(Conflict) as state:
+        producer.cancel_task(name, later.id)
+    assert state.value.code == "invalid_state"
+
+    # Errors carry code, status, message and fields.
+    with pytest.raises(NotFound) as missing:
+        producer.get_task(name, str(uuid.uuid4()))
+    assert (missing.value.code, missing.value.status) == ("not_found", 404)
+    with pytest.raises(Invalid) as invalid:
+        producer.enqueue(name, {"x": 1}, priority=11)
+    assert invalid.value.code == "invalid" and "priority" in invalid.value.fields
+    with pytest.raises(Forbidden):
+        producer.create_queue(qname())
+    with (
+        TaskForge(service.base_url, "tf_nope", retries=0) as anonymous,
+        pytest.raises(Unauthorized) as unauth,
+    ):
+        anonymous.list_queues()
+    assert unauth.value.code == "unauthenticated"
+
+    # The worker protocol by hand: claim, lease_lost, nack -> DLQ, replay, discard.
+    with TaskForge(service.base_url, keys.worker) as worker:
+        admin.pause_queue(name)
+        solo = qname()
+        admin.create_queue(solo, max_retries=0)
+        dead = producer.enqueue(solo, {"die": True})
+        claimed = wait_for(
+            lambda: worker.claim("w-1", [solo], max_tasks=5, wait_seconds=2), 10, "a claim"
+        )
+        assert [t.id for t in claimed] == [dead.id] and claimed[0].lease_expires_at is not None
+        with pytest.raises(LeaseLost) as lost:
+            worker.ack("w-2", dead.id)
+        assert (lost.value.code, lost.value.status) == ("lease_lost", 409)
+        beat = worker.heartbeat_batch("w-1", [(dead.id, 1), (str(uuid.uuid4()), None)])
+        assert beat[0].ok and beat[0].lease_expires_at is not None and not beat[1].ok
+        assert worker.nack("w-1", dead.id, "no", attempt=1).status == "dead"
+    entries = admin.dlq(solo)
+    assert [(d.id, d.last_error, d.attempts) for d in entries] == [(dead.id, "no", 1)]
+    assert admin.replay(solo, dead.id).status == "pending"
+    with pytest.raises(NotFound):
+        admin.replay(solo, dead.id)  # not dead any more
+    assert admin.replay_many(solo, [dead.id]) == 0
+    assert admin.replay_all(solo) == 0
+    admin.cancel_task(solo, dead.id)
+    with pytest.raises(NotFound):
+        admin.discard(solo, dead.id)
+
+
+def test_cli(admin: TaskForge, keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]):
+    name = qname()
+    admin.create_queue(name, max_retries=0)
+    base = ["--url", service.base_url, "--api-key", keys.admin]
+    assert cli_main([*base, "enqueue", name, '{"a": 1}', "--priority", "3", "--delay", "60"]) == 0
+    task = json.loads(capsys.readouterr().out)
+    assert (task["payload"], task["priority"]) == ({"a": 1}, 3)
+    assert cli_main([*base, "task", name, task["id"]]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == task["id"]
+    assert cli_main([*base, "stats", name]) == 0
+    assert json.loads(capsys.readouterr().out)["depth"]["scheduled"] == 1
+    assert cli_main([*base, "queues"]) == 0
+    assert name in [q["name"] for q in json.loads(capsys.readouterr().out)["results"]]
+    assert cli_main([*base, "dlq", "list", name]) == 0
+    assert json.loads(capsys.readouterr().out) == {"results": []}
+    assert cli_main([*base, "dlq", "replay", name, "--all"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"replayed": 0}
+    # An API error: exit 1, the error on stderr.
+    assert cli_main([*base, "task", name, str(uuid.uuid4())]) == 1
+    err = capsys.readouterr().err
+    assert json.loads(err)["error"]["code"] == "not_found"
+    # The console script exists and exits nonzero on an error too.
+    script = Path(sys.executable).parent / "taskforge"
+    done = subprocess.run(
+        [str(script), *base, "stats", "no-such-queue"], capture_output=True, timeout=30
+    )
+    assert done.returncode == 1 and b'"not_found"' in done.stderr
+
+
+# -- retry policy ----------------------------------------------------------------------------
+
+
+class _Always503(http.server.BaseHTTPRequestHandler):
+    hits: list[str] = []
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        type(self).hits.append(f"{self.command} {self.path}")
+        body = json.dumps({"error": {"code": "unavailable", "message": "db down"}}).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_retry_policy_on_503() -> None:
+    """503 is retried for idempotent calls only (a stdlib server that always answers 503)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Always503)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    client = TaskForge(url, "k", retries=2, backoff_base=0.01)
+    cases: list[tuple[Callable[[], Any], int]] = [
+        (lambda: client.get_task("q", "1"), 3),
+        (lambda: client.enqueue("q", {"x": 1}), 1),  # no key: never repeated
+        (lambda: client.enqueue("q", {"x": 1}, idempotency_key="a"), 3),
+        (lambda: client.enqueue_many("q", [TaskSpec(1, idempotency_key="a"), TaskSpec(2)]), 1),
+        (lambda: client.cancel_task("q", "1"), 3),
+        (lambda: client.ack("w", "1", 1), 3),
+        (lambda: client.heartbeat("w", "1", 1), 3),
+        (lambda: client.nack("w", "1", "e", attempt=1), 1),
+        (lambda: client.claim("w", ["q"]), 1),
+        (lambda: client.replay_all("q"), 1),
+    ]
+    try:
+        for call, expected in cases:
+            _Always503.hits.clear()
+            with pytest.raises(Unavailable) as exc:
+                call()
+            assert exc.value.code == "unavailable" and exc.value.status == 503
+            assert len(_Always503.hits) == expected, _Always503.hits
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_retry_policy_on_network_errors() -> None:
+    """A refused connection: idempotent calls try 1 + retries times, the others once."""
+    with socketless_port() as port:
+        client = TaskForge(f"http://127.0.0.1:{port}", "k", retries=2, backoff_base=0.01)
+        for call, expected in [
+            (lambda: client.stats("q"), 3),
+            (lambda: client.enqueue("q", 1), 1),
+            (lambda: client.enqueue("q", 1, idempotency_key="x"), 3),
+            (lambda: client.claim("w", ["q"], wait_seconds=1), 1),
+        ]:
+            before = client.requests_sent
+            with pytest.raises(ConnectionFailed) as exc:
+                call()
+            assert exc.value.code == "connection_error" and exc.value.status is None
+            assert client.requests_sent - before == expected
+
+
+@contextlib.contextmanager
+def socketless_port() -> Iterator[int]:
+    from tests.service import free_port
+
+    yield free_port()
+
+
+def test_naive_datetime_refused(producer: TaskForge) -> None:
+    with pytest.raises(ValueError):
+        producer.enqueue("q", 1, at=datetime(2030, 1, 1))
+    with pytest.raises(ValueError):
+        producer.enqueue("q", None)
+
+
+# -- the worker ------------------------------------------------------------------------------
+
+
+def test_worker_processes_tasks(admin: TaskForge, producer: TaskForge, keys: Keys, service):
+    name = qname()
+    admin.create_queue(name)
+    tasks = producer.enqueue_many(name, [TaskSpec({"n": n}) for n in range(12)])
+    with running_worker(service, keys.worker, name, sdk_handlers.double, concurrency=4) as w:
+        wait_for(lambda: w.processed == 12, 20, "12 tasks acked")
+    for t in tasks:
+        done = producer.get_task(name, t.id)
+        assert done.status == "done" and done.result == {"doubled": t.payload["n"] * 2}
+        assert done.claimed_by == w.worker_id and done.finished_at is not None
+
+
+def test_failures_retry_then_dlq(admin: TaskForge, producer: TaskForge, keys: Keys, service):
+    name = qname()
+    admin.create_queue(name, max_retries=1)
+    crash = producer.enqueue(name, {"kind": "crash"})
+    permanent = producer.enqueue(name, {"kind": "permanent"})
+    later = producer.enqueue(name, {"kind": "retry_after"})
+    with running_worker(service, keys.worker, name, sdk_handlers.by_kind, concurrency=3):
+        wait_for(
+            lambda: (
+                {producer.get_task(name, t.id).status for t in (crash, permanent, later)}
+                == {"dead", "done"}
+            ),
+            20,
+            "the three tasks to finish",
+        )
+    crashed = producer.get_task(name, crash.id)
+    assert crashed.status == "dead" and crashed.attempts == 2  # max_retries 1: two attempts
+    assert crashed.last_error is not None and "ValueError: boom on attempt 2" in crashed.last_error
+    perm = producer.get_task(name, permanent.id)
+    assert perm.status == "dead" and perm.attempts == 1
+    assert perm.last_error is not None and "Permanent: this payload" in perm.last_error
+    retried = producer.get_task(name, later.id)
+    assert retried.status == "done" and retried.attempts == 2
+    events = producer.task_events(name, later.id)
+    failed_at = next(e.at for e in events if e.to_status == "retry")
+    next_claim = [e.at for e in events if e.to_status == "executing"][1]
+    assert failed_at is not None and next_claim is not None
+    assert (next_claim - failed_at).total_seconds() >= 0.45  # RetryAfter(0.5), not 50 ms
+    assert {d.id for d in admin.dlq(name)} == {crash.id, permanent.id}
+
+
+def test_sigterm_drains(admin: TaskForge, producer: TaskForge, keys: Keys, service, tmp_path):
+    name = qname()
+    admin.create_queue(name)
+    task = producer.enqueue(name, {"sleep": 3})  # longer than the 2 s lease: heartbeats needed
+    log = tmp_path / "worker.log"
+    proc = spawn_worker(service, keys.worker, name, "tests.sdk_handlers:slow", "sigterm-w", log)
+    try:
+        wait_for(lambda: producer.get_task(name, task.id).status == "executing", 15, "task running")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = log.read_text()
+    assert code == 0, output
+    done = producer.get_task(name, task.id)
+    assert done.status == "done" and done.attempts == 1, output
+    assert done.result == {"slept": 3, "attempt": 1}
+    assert "got SIGTERM" in output and "stopped: 1 done" in output
+
+
+def test_killed_worker_task_is_reclaimed(admin, producer, keys: Keys, service, tmp_path):
+    name = qname()
+    admin.create_queue(name)
+    task = producer.enqueue(name, {"sleep": 60})
+    proc = spawn_worker(
+        service, keys.worker, name, "tests.sdk_handlers:slow", "doomed-w", tmp_path / "w.log"
+    )
+    try:
+        wait_for(lambda: producer.get_task(name, task.id).claimed_by == "doomed-w", 15, "claimed")
+    finally:
+        proc.kill()
+        proc.wait()
+    began = time.monotonic()
+
+    def quick(t: Any) -> Any:
+        return {"reclaimed": t.attempts}
+
+    with running_worker(service, keys.worker, name, quick, worker_id="rescuer-w") as w:
+        wait_for(lambda: w.processed == 1, 20, "the reclaimed task acked")
+    done = producer.get_task(name, task.id)
+    assert (done.status, done.claimed_by, done.attempts) == ("done", "rescuer-w", 2)
+    assert done.result == {"reclaimed": 2}
+    assert done.last_error is not None and "lease" in done.last_error
+    assert time.monotonic() - began < 15
+
+
+def test_grace_period_exceeded_nacks(admin: TaskForge, producer: TaskForge, keys: Keys, service):
+    """A handler still running when the grace period ends: its task is nacked for a retry."""
+    name = qname()
+    admin.create_queue(name, max_retries=3)
+    task = producer.enqueue(name, {"sleep": 4})
+    with running_worker(service, keys.worker, name, sdk_handlers.slow, grace_seconds=0.5):
+        wait_for(lambda: producer.get_task(name, task.id).status == "executing", 10, "running")
+    after = producer.get_task(name, task.id)
+    assert after.status in ("retry", "pending", "claimed") and after.attempts == 1
+    assert after.last_error == "worker shut down before the handler finished"
+
+
+def test_worker_survives_api_restart(
+    admin: TaskForge,
+    producer: TaskForge,
+    keys: Keys,
+    service: Service,
+    caplog: pytest.LogCaptureFixture,
+):
+    name = qname()
+    admin.create_queue(name)
+    with running_worker(service, keys.worker, name, sdk_handlers.double, concurrency=2) as w:
+        first = producer.enqueue(name, {"n": 1})
+        wait_for(lambda: w.processed == 1, 10, "the first task")
+        code, _ = service.signal("api", signal.SIGINT, timeout=10)
+        assert code is not None
+        time.sleep(2)  # claims fail meanwhile: the worker logs and backs off
+        service.restart("api")
+        second = producer.enqueue(name, {"n": 2})
+        wait_for(lambda: w.processed == 2, 20, "the task enqueued after the restart")
+    assert producer.get_task(name, first.id).result == {"doubled": 2}
+    assert producer.get_task(name, second.id).result == {"doubled": 4}
+    assert any("claim failed" in r.getMessage() for r in caplog.records)
