@@ -67,8 +67,11 @@ def database_url(settings: Mapping[str, Any]) -> str:
     password = urllib.parse.quote(settings.get("PASSWORD") or "", safe="")
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
     host = settings.get("HOST") or "127.0.0.1"
-    port = f":{settings['PORT']}" if settings.get("PORT") else ""
     name = urllib.parse.quote(settings["NAME"], safe="")
+    if host.startswith("/"):
+        # A unix-socket directory (make test's embedded Postgres): it goes in the query.
+        return f"postgres://{auth}/{name}?host={urllib.parse.quote(host, safe='/')}"
+    port = f":{settings['PORT']}" if settings.get("PORT") else ""
     return f"postgres://{auth}{host}{port}/{name}"
 
 

@@ -19,7 +19,6 @@ from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
@@ -41,6 +40,7 @@ from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskStatus
 from tasks.tests.factories import TaskFactory
 from tests.helpers import TRANSITION_FIELDS
+from tests.service import database_url
 from workers.models import Worker
 
 S = TaskStatus
@@ -347,21 +347,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _database_url() -> str:
-    db = connection.settings_dict
-    auth = quote(db["USER"] or "", safe="")
-    if db.get("PASSWORD"):
-        auth += ":" + quote(db["PASSWORD"], safe="")
-    host = db.get("HOST") or "127.0.0.1"
-    return f"postgres://{auth}@{host}:{db.get('PORT') or 5432}/{db['NAME']}"
-
-
 @pytest.fixture
 def process_env(tmp_path: Path) -> dict[str, str]:
     """Environment of the API and loop processes: the test database, one metrics dir."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKFORGE_", "PROMETHEUS"))}
     env.update(
-        DATABASE_URL=_database_url(),
+        DATABASE_URL=database_url(connection.settings_dict),
         REDIS_URL=settings.REDIS_URL,
         SECRET_KEY="multiprocess-test",
         DATABASE_POOL_MAX="4",
