@@ -66,7 +66,8 @@ def database_url(settings: Mapping[str, Any]) -> str:
     user = urllib.parse.quote(settings.get("USER") or "", safe="")
     password = urllib.parse.quote(settings.get("PASSWORD") or "", safe="")
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = settings.get("HOST") or "127.0.0.1"
+    # django-environ puts a socket directory (`?host=/dir`) in OPTIONS, not HOST.
+    host = settings.get("HOST") or settings.get("OPTIONS", {}).get("host") or "127.0.0.1"
     name = urllib.parse.quote(settings["NAME"], safe="")
     if host.startswith("/"):
         # A unix-socket directory (make test's embedded Postgres): it goes in the query.
