@@ -80,8 +80,10 @@ def claim(request: ClaimRequest) -> list[Task]:
             pause = min(left, MAX_WAIT_SLICE, retry_in if retry_in else MAX_WAIT_SLICE)
             _release_connection()
             wake.wait(pause)
-            # Pause and rate limit may have changed while we waited.
-            queues = _refresh(queues)
+            # A pause is enforced by the hand-out itself; re-read only to see
+            # a paused queue resume.
+            if any(queue.paused for queue in queues):
+                queues = _refresh(queues)
 
 
 def _claim_once(worker_id: str, queues: list[Queue], limit: int) -> tuple[list[Task], float]:
@@ -115,6 +117,12 @@ def _claim_once(worker_id: str, queues: list[Queue], limit: int) -> tuple[list[T
             handed += moved
             if len(moved) == len(taken.ids):
                 break
+            # Cancelled ids are gone for good; ids of a queue paused meanwhile
+            # are still claimed and go back for the dispatcher to drain.
+            moved_ids = {str(task.pk) for task in moved}
+            if _put_back(queue, [i for i in taken.ids if i not in moved_ids]):
+                queue.paused = True  # as far as this claim knows; re-read after a wait
+                break
     return handed, retry_in
 
 
@@ -124,14 +132,18 @@ def _release_connection() -> None:
         connection.close()
 
 
-def _put_back(queue: Queue, ids: Sequence[str]) -> None:
+def _put_back(queue: Queue, ids: Sequence[str]) -> int:
+    """Re-push popped ids that are still `claimed`; return how many."""
     try:
         tasks = Task.objects.filter(pk__in=ids, status=Task.Status.CLAIMED).only(
             "id", "priority", "scheduled_at"
         )
-        get_buffer().push(queue.id, [(str(t.pk), score(t.priority, t.scheduled_at)) for t in tasks])
+        items = [(str(t.pk), score(t.priority, t.scheduled_at)) for t in tasks]
+        get_buffer().push(queue.id, items)
     except Exception:
         logger.warning("claim.put_back_failed", extra={"queue": queue.name, "count": len(ids)})
+        return 0
+    return len(items)
 
 
 def _refresh(queues: list[Queue]) -> list[Queue]:

@@ -78,12 +78,17 @@ ORDER BY priority, scheduled_at, id
 # -- hand_out --
 # claimed -> executing for the ids a claim popped from the buffer.  Ids no
 # longer `claimed` (cancelled, or handed out through a duplicate buffer
-# entry) are skipped: the status guard is the fence.  Also records that the
+# entry) are skipped: the status guard is the fence; so are ids of a queue
+# paused meanwhile (the claim puts those back).  Also records that the
 # worker was seen.  Params: ids (uuid[]), worker_id, now.
 HAND_OUT = f"""
 WITH cur AS (
     SELECT id, status_changed_at FROM tasks_task
     WHERE id = ANY(%(ids)s) AND status = 'claimed'
+      -- A queue paused after the claim read it hands out nothing.
+      AND NOT EXISTS (
+          SELECT 1 FROM queues_queue q WHERE q.id = tasks_task.queue_id AND q.paused
+      )
     ORDER BY id
     FOR NO KEY UPDATE
 ), moved AS (

@@ -323,3 +323,19 @@ def test_workers__lists_recent_workers_with_their_tasks(
     assert rows["alive"]["current_tasks"] == [str(task.pk)]
     assert (rows["alive"]["stale"], rows["quiet"]["stale"]) == (False, True)
     assert worker_client.get("/workers").status_code == status.HTTP_403_FORBIDDEN
+
+
+def test_claim__queue_paused_after_the_claim_read_it_hands_out_nothing(
+    worker_client: APIClient, queue
+) -> None:
+    """The hand-out itself honours a pause that lands while a claim is under way."""
+    from queues.models import Queue
+    from tasks import transitions
+    from tasks.buffer import get_buffer
+
+    task = TaskFactory(queue=queue)
+    dispatch()
+    Queue.objects.filter(pk=queue.pk).update(paused=True)  # after the claim's read, say
+    taken = get_buffer().take(queue.id, 10, None)
+    assert transitions.hand_out_ids(taken.ids, worker_id="w", queues={queue.id: queue}) == []
+    assert Task.objects.get(pk=task.pk).status == S.CLAIMED
