@@ -1025,7 +1025,7 @@ def cmd_env(data: str | None) -> int:
     with contextlib.suppress(FileNotFoundError):
         values["SECRET_KEY"] = layout.secret_key.read_text().strip()
     for name, value in values.items():
-        print(f"export {name}={shlex.quote(value)}")
+        sys.stdout.write(f"export {name}={shlex.quote(value)}\n")
     return 0
 
 
