@@ -41,7 +41,6 @@ import os
 import re
 import socket
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, transaction
@@ -205,7 +204,6 @@ def child_exit(server: Any, worker: Any) -> None:
 
 # API.md's stats: `pending` is due, `scheduled` is pending but not yet due.
 DEPTH_STATUSES = ("pending", "scheduled", "claimed", "executing", "retry")
-WORKERS_SEEN_WITHIN = timedelta(hours=1)
 # A scrape must not hold a database connection for long, whatever the backlog.
 SCRAPE_STATEMENT_TIMEOUT_MS = 5000
 
@@ -282,7 +280,7 @@ class DatabaseGauges:
                 .order_by()
             )
             seen = list(
-                Worker.objects.filter(last_seen_at__gte=now - WORKERS_SEEN_WITHIN)
+                Worker.objects.recent(now)
                 .order_by("worker_id")
                 .values_list("worker_id", "last_seen_at")
             )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, Q
@@ -20,11 +20,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from queues.models import Queue
-from taskforge.conf import conf
 from taskforge.dashboard import formatting as fmt
 from taskforge.lib.timeutil import isoformat
 from tasks.stats import queues_stats
-from workers.models import Worker
+from workers.models import Worker, stale_before
 
 # Health thresholds: a queue is critical when most attempts fail or work waits
 # for minutes, and needs attention (warn) on a smaller signal of the same kind.
@@ -33,7 +32,6 @@ ERROR_RATE_WARN = 0.1
 WAIT_CRIT_SECONDS = 300.0
 WAIT_WARN_SECONDS = 60.0
 
-WORKERS_SEEN_WITHIN = timedelta(hours=1)  # as GET /workers
 MAX_AGE_SECONDS = 1.5
 
 OK, WARN, CRIT = "ok", "warn", "crit"
@@ -116,10 +114,9 @@ def build(now: datetime | None = None) -> dict[str, Any]:
     queues = list(Queue.objects.order_by("name"))
     stats = queues_stats(queues, now)
     rows = [queue_row(queue, stats[queue.id]) for queue in queues]
-    stale_before = now - timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
-    # Uses the last_seen_at index; the table holds one row per worker name.
-    workers = Worker.objects.filter(last_seen_at__gte=now - WORKERS_SEEN_WITHIN).aggregate(
-        seen=Count("pk"), stale=Count("pk", filter=Q(last_seen_at__lt=stale_before))
+    # The table holds one row per worker name.
+    workers = Worker.objects.recent(now).aggregate(
+        seen=Count("pk"), stale=Count("pk", filter=Q(last_seen_at__lt=stale_before(now)))
     )
     active = workers["seen"] - workers["stale"]
     unhealthy = [row for row in rows if row["health"] != OK]

@@ -44,7 +44,7 @@ from tasks import transitions
 from tasks.exceptions import InvalidTransition
 from tasks.models import Task, TaskEvent, TaskStatus
 from workers import heartbeats
-from workers.models import Worker
+from workers.models import Worker, current_tasks
 
 S = TaskStatus
 CANCELLABLE = (S.PENDING, S.CLAIMED, S.RETRY)
@@ -52,7 +52,6 @@ LIVE = (S.PENDING, S.CLAIMED, S.EXECUTING, S.RETRY)
 EVENTS_SHOWN = 500
 WORKERS_SHOWN = 500
 TASKS_PER_WORKER_SHOWN = 20
-WORKERS_SEEN_WITHIN = timedelta(hours=1)  # as GET /workers
 REPLAY_BATCH = 1000
 ANY_TASK = "00000000-0000-0000-0000-000000000000"
 
@@ -524,27 +523,17 @@ def dlq_discard(request: HttpRequest) -> HttpResponse:
 @page
 def workers(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    stale_before = now - timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
-    # Uses the last_seen_at index; GET /workers shows the same hour.
-    seen = list(
-        Worker.objects.filter(last_seen_at__gte=now - WORKERS_SEEN_WITHIN).order_by(
-            "-last_seen_at"
-        )[: WORKERS_SHOWN + 1]
-    )
+    # The same hour as GET /workers.
+    seen = list(Worker.objects.recent(now).order_by("-last_seen_at")[: WORKERS_SHOWN + 1])
     cut = len(seen) > WORKERS_SHOWN
     seen = seen[:WORKERS_SHOWN]
-    current: dict[str, list[str]] = defaultdict(list)
-    # Uses task_claimed_by_idx (claimed_by IS NOT NULL), filtered to executing.
-    for task_id, worker_id in Task.objects.filter(
-        status=S.EXECUTING, claimed_by__in=[w.worker_id for w in seen]
-    ).values_list("id", "claimed_by"):
-        current[worker_id].append(str(task_id))
+    current = current_tasks(worker.worker_id for worker in seen)
     # One reverse() for all links: a page of busy workers has thousands.
     task_url = reverse("dashboard:task", kwargs={"task_id": ANY_TASK})
     rows = [
         {
             "worker": worker,
-            "stale": worker.last_seen_at < stale_before,
+            "stale": worker.is_stale(now),
             "last_seen": fmt.timestamp(worker.last_seen_at),
             "last_seen_ago": fmt.ago(worker.last_seen_at, now),
             "tasks": [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -14,7 +13,6 @@ from rest_framework.views import APIView
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import ADMIN, WORKER
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
-from taskforge.conf import conf
 from taskforge.lib.timeutil import isoformat
 from tasks.api.serializers import task_to_dict
 from tasks.claiming import ClaimRequest, claim
@@ -33,10 +31,9 @@ from workers.api.serializers import (
     NackSerializer,
     WorkerSerializer,
 )
-from workers.models import Worker
+from workers.models import Worker, current_tasks
 
 LEASE_LOST = {409: error("`lease_lost`: the worker does not hold this task's lease")}
-SEEN_WITHIN = timedelta(hours=1)
 
 
 def claimed_task(task: Task) -> dict[str, Any]:
@@ -211,21 +208,15 @@ class WorkerListView(APIView):
     def get(self, request: Request) -> Response:
         now = timezone.now()
         paginator = KeysetPaginator(request, ordering=["worker_id"])
-        page = paginator.paginate(Worker.objects.filter(last_seen_at__gte=now - SEEN_WITHIN))
-        current: dict[str, list[str]] = {}
-        # Uses task_claimed_by_idx.
-        for task_id, worker_id in Task.objects.filter(
-            status=TaskStatus.EXECUTING, claimed_by__in=[w.worker_id for w in page]
-        ).values_list("id", "claimed_by"):
-            current.setdefault(worker_id, []).append(str(task_id))
-        stale_before = now - timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
+        page = paginator.paginate(Worker.objects.recent(now))
+        current = current_tasks(worker.worker_id for worker in page)
         return paginator.response(
             [
                 {
                     "worker_id": worker.worker_id,
                     "last_seen_at": isoformat(worker.last_seen_at),
                     "current_tasks": current.get(worker.worker_id, []),
-                    "stale": worker.last_seen_at < stale_before,
+                    "stale": worker.is_stale(now),
                 }
                 for worker in page
             ]
