@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
@@ -9,7 +10,13 @@ from django.db import models
 from django.db.models import Q
 
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+_QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
 MAX_RETRIES_LIMIT = 100
+
+
+def is_queue_name(text: str) -> bool:
+    """True for a name a queue can have (API.md: 1..100 of A-Z a-z 0-9 _ . -)."""
+    return _QUEUE_NAME_RE.fullmatch(text) is not None
 
 
 class Queue(models.Model):

@@ -1,10 +1,8 @@
 from __future__ import annotations
 
-import re
-
 from rest_framework import serializers
 
-from queues.models import MAX_RETRIES_LIMIT, QUEUE_NAME_PATTERN, Queue
+from queues.models import MAX_RETRIES_LIMIT, Queue, is_queue_name
 from taskforge.api.fields import (
     StrictBooleanField,
     StrictCharField,
@@ -38,7 +36,7 @@ class QueueCreateSerializer(QueuePatchSerializer):
     name = StrictCharField(max_length=100)
 
     def validate_name(self, value: str) -> str:
-        if not re.fullmatch(QUEUE_NAME_PATTERN, value):
+        if not is_queue_name(value):
             raise serializers.ValidationError(
                 "Use 1 to 100 of A-Z a-z 0-9 _ . - , starting with a letter or digit."
             )

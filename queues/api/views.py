@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django.http import Http404
@@ -15,12 +14,10 @@ from rest_framework.views import APIView
 
 from queues import services
 from queues.api.serializers import QueueCreateSerializer, QueuePatchSerializer, QueueSerializer
-from queues.models import QUEUE_NAME_PATTERN, Queue
+from queues.models import Queue, is_queue_name
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import ADMIN, ANY_ROLE
 from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, error, errors, page_of
-
-QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
 
 
 class QueueLookupMixin:
@@ -31,7 +28,7 @@ class QueueLookupMixin:
     def get_queue(self) -> Queue:
         name = self.kwargs["name"]
         # A name no queue can have (NUL, say) is not sent to Postgres at all.
-        if not QUEUE_NAME_RE.fullmatch(name):
+        if not is_queue_name(name):
             raise Http404("No such queue.")
         return get_object_or_404(Queue, name=name)
 
