@@ -211,10 +211,9 @@ SCRAPE_STATEMENT_TIMEOUT_MS = 5000
 class DatabaseGauges:
     """Queue depth, DLQ depth and worker heartbeat age, read from Postgres.
 
-    Two cheap queries: per (queue, live status) counts, an index-only scan of
-    task_queue_status_idx bounded by `queue_id IN (...) AND status IN (...)`
-    so the done and cancelled history is never read; and the workers seen in
-    the last hour (workers_worker.last_seen_at index).  When Postgres does not
+    `tasks.stats.queues_stats` for every queue (grouped counts over the live
+    statuses only, never the done and cancelled history) and the workers
+    seen in the last hour (workers_worker.last_seen_at index).  When Postgres does not
     answer, the gauges are left out and the counters still scrape.
     """
 
@@ -249,14 +248,12 @@ class DatabaseGauges:
     @staticmethod
     def _read() -> tuple[dict[str, dict[str, int]], dict[str, int], list[tuple[str, float]]]:
         from django.db import connection
-        from django.db.models import BooleanField, Count, ExpressionWrapper, Q
         from django.utils import timezone
 
         from queues.models import Queue
-        from tasks.models import Task, TaskStatus
+        from tasks.stats import queues_stats
         from workers.models import Worker
 
-        S = TaskStatus
         now = timezone.now()
         with transaction.atomic():
             with connection.cursor() as cursor:
@@ -264,35 +261,16 @@ class DatabaseGauges:
                     "SELECT set_config('statement_timeout', %s, true)",
                     [str(SCRAPE_STATEMENT_TIMEOUT_MS)],
                 )
-            names = dict(Queue.objects.values_list("id", "name"))
-            rows = list(
-                Task.objects.filter(
-                    queue_id__in=list(names),
-                    status__in=[S.PENDING, S.CLAIMED, S.EXECUTING, S.RETRY, S.DEAD],
-                )
-                .annotate(
-                    later=ExpressionWrapper(
-                        Q(status=S.PENDING, scheduled_at__gt=now), output_field=BooleanField()
-                    )
-                )
-                .values_list("queue_id", "status", "later")
-                .annotate(count=Count("*"))
-                .order_by()
-            )
+            queues = list(Queue.objects.order_by("name"))
+            # The same counts as GET /queues/:name/stats, for every queue at once.
+            stats = queues_stats(queues, now)
             seen = list(
                 Worker.objects.recent(now)
                 .order_by("worker_id")
                 .values_list("worker_id", "last_seen_at")
             )
-        ordered = sorted(names.items(), key=lambda item: item[1])
-        depth = {name: dict.fromkeys(DEPTH_STATUSES, 0) for _, name in ordered}
-        dlq = {name: 0 for _, name in ordered}
-        for queue_id, status, later, count in rows:
-            name = names[queue_id]
-            if status == S.DEAD:
-                dlq[name] += count
-            else:
-                depth[name]["scheduled" if later else status] += count
+        depth = {queue.name: stats[queue.id]["depth"] for queue in queues}
+        dlq = {queue.name: stats[queue.id]["dlq_depth"] for queue in queues}
         ages = [(worker_id, max((now - at).total_seconds(), 0.0)) for worker_id, at in seen]
         return depth, dlq, ages
 
