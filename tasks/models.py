@@ -31,12 +31,6 @@ LIVE_STATUSES = (
     TaskStatus.RETRY,
     TaskStatus.DEAD,
 )
-TERMINAL_STATUSES = (TaskStatus.DONE, TaskStatus.DEAD, TaskStatus.CANCELLED)
-
-
-class TaskQuerySet(models.QuerySet["Task"]):
-    def for_queue(self, queue: Queue) -> TaskQuerySet:
-        return self.filter(queue=queue)
 
 
 class Task(models.Model):
@@ -63,8 +57,6 @@ class Task(models.Model):
     # transition's log line is measured from here.
     status_changed_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
-
-    objects = TaskQuerySet.as_manager()
 
     class Meta:
         constraints = [
