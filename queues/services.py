@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
+from redis.exceptions import RedisError
 
 from queues.exceptions import QueueExists, QueueNotEmpty
 from queues.models import Queue
 from tasks import sql, transitions
+from tasks.buffer import get_buffer
 from tasks.models import LIVE_STATUSES, Task, TaskStatus
+
+logger = logging.getLogger(__name__)
 
 PURGE_BATCH = 1000
 
@@ -47,7 +52,17 @@ def delete_queue(queue: Queue) -> None:
         Queue.objects.select_for_update().get(pk=queue.pk)
         if Task.objects.filter(queue=queue, status__in=LIVE_STATUSES).exists():
             raise QueueNotEmpty()
+        queue_id = queue.pk
         queue.delete()
+        transaction.on_commit(lambda: _forget_buffer(queue_id))
+
+
+def _forget_buffer(queue_id: object) -> None:
+    """Drop the deleted queue's Redis keys (its token bucket); Redis down: they expire."""
+    try:
+        get_buffer().forget_queue(str(queue_id))
+    except RedisError:
+        logger.warning("queue.buffer_not_forgotten", extra={"queue_id": str(queue_id)})
 
 
 def purge_queue(queue: Queue) -> int:

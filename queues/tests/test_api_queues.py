@@ -157,3 +157,13 @@ def test_purge__works_across_batches(admin_client: APIClient, monkeypatch) -> No
     for _ in range(5):
         TaskFactory(queue=queue)
     assert admin_client.post("/queues/q/purge").json() == {"cancelled": 5}
+
+
+def test_delete__drops_the_queues_redis_keys(
+    admin_client: APIClient, redis_client, django_capture_on_commit_callbacks
+) -> None:
+    queue = QueueFactory(name="q", rate_limit=5)
+    redis_client.hset(f"tf:{{{queue.id}}}:bucket", mapping={"tokens": 5, "ts": 1})
+    with django_capture_on_commit_callbacks(execute=True):
+        assert admin_client.delete("/queues/q").status_code == status.HTTP_204_NO_CONTENT
+    assert not redis_client.exists(f"tf:{{{queue.id}}}:bucket")
