@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.http import Http404
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -19,6 +20,9 @@ from tasks.buffer import get_buffer, score
 from tasks.models import Task
 
 logger = logging.getLogger(__name__)
+
+# The foreign key a task insert breaks when its queue was deleted meanwhile.
+_QUEUE_FK = "tasks_task_queue_id"
 
 # Concurrent enqueues with the same idempotency key: the loser of the insert
 # race rolls back and retries, and then finds the winner's task.
@@ -49,15 +53,20 @@ def enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
     A spec whose idempotency key exists in the queue (or appears earlier in the
     same call) yields the existing task instead of a new one.  `scheduled_at`
     is always set: the enqueue time unless a later time or a delay is given.
+
+    Raises:
+        Http404: the queue was deleted while the request was under way.
     """
-    if all(spec.idempotency_key is None for spec in specs):
-        # One INSERT statement: atomic by itself, no transaction to open.
-        return _enqueue(queue, specs)
     for attempt in range(_IDEMPOTENCY_RETRIES):
         try:
+            if all(spec.idempotency_key is None for spec in specs):
+                # One INSERT statement: atomic by itself, no transaction to open.
+                return _enqueue(queue, specs)
             with transaction.atomic():
                 return _enqueue(queue, specs)
         except IntegrityError as exc:
+            if _QUEUE_FK in str(exc):
+                raise Http404("No such queue.") from exc
             if "task_idempotency_key_per_queue" not in str(exc):
                 raise
             if attempt == _IDEMPOTENCY_RETRIES - 1:

@@ -348,3 +348,23 @@ def test_enqueue__paused_or_future_tasks_stay_pending(
     paused = enqueue(producer_client, {"payload": 2}).json()
     assert Task.objects.get(pk=later["id"]).status == S.PENDING
     assert Task.objects.get(pk=paused["id"]).status == S.PENDING
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__queue_deleted_meanwhile_is_404_not_500() -> None:
+    """A queue deleted between the request's lookup and its insert names no queue.
+
+    Transactional: the foreign key is checked at commit, as in production.
+    """
+    from django.http import Http404
+
+    from tasks.services import TaskSpec, enqueue
+
+    gone = QueueFactory(name="gone")
+    gone_copy = type(gone).objects.get(pk=gone.pk)
+    gone.delete()
+    with pytest.raises(Http404):
+        enqueue(gone_copy, [TaskSpec(payload=1)])
+    with pytest.raises(Http404):
+        enqueue(gone_copy, [TaskSpec(payload=1, idempotency_key="k")])
+    assert not Task.objects.exists()
