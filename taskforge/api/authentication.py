@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +12,7 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
 from taskforge.api.models import ApiKey, hash_key
+from taskforge.lib.ttlcache import TTLCache
 
 # last_used_at is for operators ("is this key still used?"); writing it on
 # every request would turn each read into a write, so it is coarse.
@@ -24,31 +23,24 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 # would otherwise pay a query for the same row.  A revoked key stops working
 # within KEY_CACHE_SECONDS.  Unknown keys are never cached.
 KEY_CACHE_SECONDS = 5.0
-_KEY_CACHE_MAX = 10_000
-_key_cache: dict[str, tuple[ApiKey, float]] = {}
-_key_cache_lock = threading.Lock()
+_key_cache: TTLCache[ApiKey] = TTLCache(KEY_CACHE_SECONDS)
 
 
 def _lookup(key_hash: str) -> ApiKey | None:
-    now = time.monotonic()
-    hit = _key_cache.get(key_hash)
-    if hit is not None and hit[1] > now:
-        return hit[0]
+    api_key = _key_cache.get(key_hash)
+    if api_key is not None:
+        return api_key
     api_key = ApiKey.objects.active().filter(key_hash=key_hash).first()
-    with _key_cache_lock:
-        if api_key is None:
-            _key_cache.pop(key_hash, None)
-        else:
-            if len(_key_cache) >= _KEY_CACHE_MAX:
-                _key_cache.clear()
-            _key_cache[key_hash] = (api_key, now + KEY_CACHE_SECONDS)
+    if api_key is None:
+        _key_cache.forget(key_hash)
+    else:
+        _key_cache.put(key_hash, api_key)
     return api_key
 
 
 def forget_cached_keys() -> None:
     """Drop every remembered key (tests, and after revoking in this process)."""
-    with _key_cache_lock:
-        _key_cache.clear()
+    _key_cache.clear()
 
 
 class ApiPrincipal:
