@@ -14,6 +14,7 @@ import redis
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from queues import lookup
 from taskforge.api.authentication import forget_cached_keys
 from taskforge.api.models import ApiKey
 
@@ -21,11 +22,13 @@ os.environ.setdefault("SECRET_KEY", "test-secret-key")
 
 
 @pytest.fixture(autouse=True)
-def _fresh_key_cache() -> Iterator[None]:
-    """Each test sees keys as the database has them (no per-process memory)."""
+def _fresh_caches() -> Iterator[None]:
+    """Each test sees keys and queues as the database has them (no per-process memory)."""
     forget_cached_keys()
+    lookup.clear()
     yield
     forget_cached_keys()
+    lookup.clear()
 
 
 @pytest.fixture

@@ -14,11 +14,13 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection
 from django.http import Http404
 from django.utils import timezone
 
+from queues import lookup
 from queues.models import Queue
 from tasks import transitions
 from tasks.buffer import get_buffer, score
@@ -48,7 +50,7 @@ def resolve_queues(names: Sequence[str]) -> list[Queue]:
     Raises:
         Http404: a name is not a queue.
     """
-    found = {queue.name: queue for queue in Queue.objects.filter(name__in=set(names))}
+    found = lookup.by_names(set(names))
     missing = [name for name in names if name not in found]
     if missing:
         raise Http404(f"No queue named {missing[0]!r}.")
@@ -70,10 +72,12 @@ def claim(request: ClaimRequest) -> list[Task]:
     queues = resolve_queues(request.queues)
     record_seen(request.worker_id)
     deadline = time.monotonic() + request.wait_seconds
+    # Queues this claim found paused (the rows are shared: never set .paused).
+    paused = {queue.id for queue in queues if queue.paused}
     with waiters.interest(str(queue.id) for queue in queues) as wake:
         while True:
             wake.clear()
-            tasks, retry_in = _claim_once(request.worker_id, queues, request.max_tasks)
+            tasks, retry_in = _claim_once(request.worker_id, queues, paused, request.max_tasks)
             left = deadline - time.monotonic()
             if tasks or left <= 0:
                 return tasks
@@ -82,18 +86,24 @@ def claim(request: ClaimRequest) -> list[Task]:
             wake.wait(pause)
             # A pause is enforced by the hand-out itself; re-read only to see
             # a paused queue resume.
-            if any(queue.paused for queue in queues):
+            if paused:
                 queues = _refresh(queues)
+                paused = {queue.id for queue in queues if queue.paused}
 
 
-def _claim_once(worker_id: str, queues: list[Queue], limit: int) -> tuple[list[Task], float]:
-    """One pass over the queues in order; returns the tasks and a rate-limit hint (s)."""
+def _claim_once(
+    worker_id: str, queues: list[Queue], paused: set[Any], limit: int
+) -> tuple[list[Task], float]:
+    """One pass over the queues in order; returns the tasks and a rate-limit hint (s).
+
+    Adds to `paused` the queues it finds paused meanwhile.
+    """
     buffer = get_buffer()
     by_id = {queue.id: queue for queue in queues}
     handed: list[Task] = []
     retry_in = 0.0
     for queue in queues:
-        if queue.paused:
+        if queue.id in paused:
             continue
         for _ in range(_POP_ROUNDS):
             want = limit - len(handed)
@@ -121,7 +131,7 @@ def _claim_once(worker_id: str, queues: list[Queue], limit: int) -> tuple[list[T
             # are still claimed and go back for the dispatcher to drain.
             moved_ids = {str(task.pk) for task in moved}
             if _put_back(queue, [i for i in taken.ids if i not in moved_ids]):
-                queue.paused = True  # as far as this claim knows; re-read after a wait
+                paused.add(queue.id)  # as far as this claim knows; re-read after a wait
                 break
     return handed, retry_in
 
@@ -147,5 +157,5 @@ def _put_back(queue: Queue, ids: Sequence[str]) -> int:
 
 
 def _refresh(queues: list[Queue]) -> list[Queue]:
-    fresh = Queue.objects.in_bulk([queue.id for queue in queues])
+    fresh = lookup.by_ids([queue.id for queue in queues], fresh=True)
     return [fresh[queue.id] for queue in queues if queue.id in fresh]

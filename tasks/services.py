@@ -13,6 +13,7 @@ from django.http import Http404
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from queues import lookup
 from queues.models import Queue
 from taskforge.conf import conf
 from tasks import transitions
@@ -66,6 +67,7 @@ def enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
                 return _enqueue(queue, specs)
         except IntegrityError as exc:
             if _QUEUE_FK in str(exc):
+                lookup.forget(queue)  # remembered, but deleted meanwhile
                 raise Http404("No such queue.") from exc
             if "task_idempotency_key_per_queue" not in str(exc):
                 raise

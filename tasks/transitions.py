@@ -27,6 +27,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from dlq.models import DeadLetterTask
+from queues import lookup
 from queues.models import Queue
 from taskforge import metrics
 from tasks import sql
@@ -429,7 +430,7 @@ def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) ->
     tasks = list(Task.objects.raw(query, params))
     missing = {task.queue_id for task in tasks} - set(queues or {})
     if missing:
-        queues = {**(queues or {}), **Queue.objects.in_bulk(missing)}
+        queues = {**(queues or {}), **lookup.by_ids(missing)}
     for task in tasks:
         task.queue = queues[task.queue_id]  # type: ignore[index]
     return tasks

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queues import services
+from queues import lookup, services
 from queues.api.serializers import QueueCreateSerializer, QueuePatchSerializer, QueueSerializer
 from queues.models import Queue, is_queue_name
 from taskforge.api.pagination import KeysetPaginator
@@ -25,12 +25,18 @@ class QueueLookupMixin:
 
     kwargs: dict[str, Any]
 
-    def get_queue(self) -> Queue:
+    def get_queue(self, *, fresh: bool = True) -> Queue:
+        """The queue; `fresh=False` (enqueue) may answer from `queues.lookup`'s cache."""
         name = self.kwargs["name"]
         # A name no queue can have (NUL, say) is not sent to Postgres at all.
         if not is_queue_name(name):
             raise Http404("No such queue.")
-        return get_object_or_404(Queue, name=name)
+        if fresh:
+            return get_object_or_404(Queue, name=name)
+        queue = lookup.by_name(name)
+        if queue is None:
+            raise Http404("No such queue.")
+        return queue
 
 
 class QueueListView(APIView):

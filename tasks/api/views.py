@@ -107,7 +107,7 @@ class TaskListView(QueueLookupMixin, APIView):
         tags=["tasks"],
     )
     def post(self, request: Request, name: str) -> Response:
-        queue = self.get_queue()
+        queue = self.get_queue(fresh=False)
         body = EnqueueSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         [result] = services.enqueue(queue, [body.to_spec(body.validated_data)])
@@ -136,7 +136,7 @@ class TaskBatchView(QueueLookupMixin, APIView):
         tags=["tasks"],
     )
     def post(self, request: Request, name: str) -> Response:
-        queue = self.get_queue()
+        queue = self.get_queue(fresh=False)
         body = EnqueueBatchSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         specs = [EnqueueSerializer().to_spec(item) for item in body.validated_data["tasks"]]

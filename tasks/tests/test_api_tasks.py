@@ -9,6 +9,8 @@ from django.utils import timezone
 from rest_framework import status
 from rest_framework.test import APIClient
 
+from queues import lookup
+from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge.lib.timeutil import isoformat, parse_time
 from tasks.models import Task, TaskEvent, TaskStatus
@@ -368,3 +370,18 @@ def test_enqueue__queue_deleted_meanwhile_is_404_not_500() -> None:
     with pytest.raises(Http404):
         enqueue(gone_copy, [TaskSpec(payload=1, idempotency_key="k")])
     assert not Task.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("redis_client")
+def test_enqueue__queue_deleted_by_another_process_is_404(producer_client: APIClient) -> None:
+    """The enqueue remembers queue rows for a second; a row deleted elsewhere meanwhile
+    (no signal reaches this process) fails the insert's foreign key: 404, then forgotten."""
+    QueueFactory(name="gone")
+    assert enqueue(producer_client, {"payload": 1}, queue="gone").status_code == 201
+    Task.objects.all().delete()
+    Queue.objects.filter(name="gone")._raw_delete(using="default")  # no post_delete signal
+    response = enqueue(producer_client, {"payload": 1}, queue="gone")
+    assert response.status_code == 404, response.content
+    assert response.json()["error"]["code"] == "not_found"
+    assert lookup.by_name("gone") is None

@@ -1,0 +1,50 @@
+"""queues.lookup: the hot paths' per-process memory of queue rows."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from queues import lookup, services
+from queues.models import Queue
+from queues.tests.factories import QueueFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_lookup__remembers_rows_by_name_and_id() -> None:
+    queue = QueueFactory(name="q")
+    assert lookup.by_name("q") == queue
+    with CaptureQueriesContext(connection) as queries:
+        assert lookup.by_name("q") == queue
+        assert lookup.by_ids([queue.pk]) == {queue.pk: queue}
+        assert lookup.by_names(["q", "nope"]) == {"q": queue}  # the unknown name costs one
+    assert len(queries) == 1
+
+
+def test_lookup__a_change_in_this_process_shows_at_once() -> None:
+    queue = QueueFactory(name="q", rate_limit=None)
+    assert lookup.by_name("q").rate_limit is None
+    services.update_queue(Queue.objects.get(pk=queue.pk), rate_limit=5, paused=True)
+    assert (lookup.by_name("q").rate_limit, lookup.by_name("q").paused) == (5, True)
+    services.delete_queue(Queue.objects.get(pk=queue.pk))
+    assert lookup.by_name("q") is None
+    assert lookup.by_ids([queue.pk]) == {}
+
+
+def test_lookup__a_change_elsewhere_shows_within_the_ttl(monkeypatch) -> None:
+    QueueFactory(name="q", max_retries=3)
+    monkeypatch.setattr(lookup._by_name, "seconds", 0.0)  # every entry is already expired
+    assert lookup.by_name("q").max_retries == 3
+    Queue.objects.filter(name="q").update(max_retries=7)  # no signal: as another process
+    assert lookup.by_name("q").max_retries == 7
+
+
+def test_lookup__fresh_reads_anew() -> None:
+    queue = QueueFactory(name="q")
+    lookup.by_ids([queue.pk])
+    Queue.objects.filter(pk=queue.pk).update(paused=True)
+    assert lookup.by_ids([queue.pk])[queue.pk].paused is False  # remembered
+    assert lookup.by_ids([queue.pk], fresh=True)[queue.pk].paused is True
+    assert lookup.by_ids([queue.pk])[queue.pk].paused is True  # and remembered anew
