@@ -7,7 +7,7 @@ locks the rows, updates them guarded by their old status, and inserts one
 
 from __future__ import annotations
 
-# Columns of tasks_task selected back into Task instances (Task.objects.raw).
+# Columns of tasks_task selected back into Task instances (transitions._run).
 TASK_COLUMNS = """
     t.id, t.queue_id, t.payload, t.status, t.priority, t.scheduled_at, t.claimed_at,
     t.claimed_by, t.heartbeat_at, t.attempts, t.max_retries, t.last_error, t.result,

@@ -427,12 +427,47 @@ def _record(
 
 
 def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) -> list[Task]:
-    tasks = list(Task.objects.raw(query, params))
+    """Run one of tasks.sql's statements and build Tasks from the rows it returns."""
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        names = [column.name for column in cursor.description]
+        rows = cursor.fetchall()
+    tasks = _tasks_from_rows(names, rows)
     missing = {task.queue_id for task in tasks} - set(queues or {})
     if missing:
         queues = {**(queues or {}), **lookup.by_ids(missing)}
     for task in tasks:
         task.queue = queues[task.queue_id]  # type: ignore[index]
+    return tasks
+
+
+def _tasks_from_rows(names: list[str], rows: list[tuple[Any, ...]]) -> list[Task]:
+    """Task instances from rows of sql.TASK_COLUMNS plus extra columns (set as attributes).
+
+    What Task.objects.raw does, without its per-query setup: the hot paths
+    run this for every claim and ack.
+    """
+    index = {name: i for i, name in enumerate(names)}
+    fields = Task._meta.concrete_fields
+    attnames = [field.attname for field in fields]
+    positions = [index[name] for name in attnames]
+    converters = [
+        (k, field.from_db_value)
+        for k, field in enumerate(fields)
+        if hasattr(field, "from_db_value")
+    ]
+    known = set(attnames)
+    extras = [(name, i) for name, i in index.items() if name not in known]
+    db = connection.alias
+    tasks = []
+    for row in rows:
+        values = [row[i] for i in positions]
+        for k, convert in converters:
+            values[k] = convert(values[k], None, connection)
+        task = Task.from_db(db, attnames, values)
+        for name, i in extras:
+            setattr(task, name, row[i])
+        tasks.append(task)
     return tasks
 
 
