@@ -12,6 +12,7 @@ from pathlib import Path
 import environ
 
 from taskforge.conf import DEFAULTS
+from taskforge.lib.logging import lean_records
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -174,6 +175,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {"TaskStatusEnum": "tasks.models.TaskStatus.choices"},
 }
 
+# Records skip the caller/thread/process lookups that no JSON line prints.
+lean_records()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -193,3 +194,15 @@ def test_settings__one_logging_configuration_all_json() -> None:
     assert logging_config["formatters"] == {"json": {"()": "taskforge.lib.logging.JsonFormatter"}}
     assert all(h["formatter"] == "json" for h in logging_config["handlers"].values())
     assert isinstance(logging.getLogger().handlers[0].formatter, JsonFormatter)
+
+
+def test_json_formatter__timestamp_is_the_records_time_in_utc() -> None:
+    """`ts` is RFC 3339 UTC to the microsecond, the record's own time (no clock read)."""
+    formatter = JsonFormatter()
+    for created in (0.0, 1_764_478_965.995018, 1_764_478_965.000001, 1_764_478_966.999999):
+        record = logging.makeLogRecord({"msg": "x", "created": created})
+        expected = datetime.fromtimestamp(created, tz=UTC)
+        ts = json.loads(formatter.format(record))["ts"]
+        assert ts.endswith("Z") and len(ts) == 27, ts
+        parsed = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        assert abs((parsed - expected).total_seconds()) <= 1e-6, (ts, expected)

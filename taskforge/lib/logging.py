@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime
+import time
 from typing import Any
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RESERVED = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+_encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
+# (unix second, its "YYYY-MM-DDTHH:MM:SS"): lines of the same second share it.
+_second: tuple[int, str] = (-1, "")
+
+
+def _timestamp(created: float) -> str:
+    """RFC 3339 UTC with microseconds, as `2026-11-30T05:02:45.995018Z`."""
+    global _second
+    second = int(created)
+    cached = _second  # one read: another thread may replace it
+    if cached[0] != second:
+        cached = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+        _second = cached
+    return f"{cached[1]}.{int((created - second) * 1_000_000):06d}Z"
 
 
 class JsonFormatter(logging.Formatter):
@@ -16,21 +30,32 @@ class JsonFormatter(logging.Formatter):
 
     The message is the `event`; variable data travels in `extra={...}` and
     becomes top-level keys, so a transition line reads
-    `{"ts": ..., "event": "task.acked", "task_id": ..., ...}`.
+    `{"ts": ..., "event": "task.acked", "task_id": ..., ...}`.  Every task
+    transition writes a line, so this is on the hot paths: kept lean.
     """
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, tz=UTC)
-            .isoformat(timespec="microseconds")
-            .replace("+00:00", "Z"),
+            "ts": _timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
         }
-        for key, value in vars(record).items():
-            if key not in _RESERVED and not key.startswith("_"):
+        for key, value in record.__dict__.items():
+            if key not in _RESERVED and key[0] != "_":
                 line[key] = value
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str, ensure_ascii=False)
+        return _encode(line)
+
+
+def lean_records() -> None:
+    """Spare each record the caller, thread and process lookups no line prints.
+
+    The logging HOWTO's "Optimization" section: a record otherwise walks the
+    stack for its caller's file and line, and reads thread and process names.
+    """
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
