@@ -30,6 +30,7 @@ from dlq.models import DeadLetterTask
 from queues import lookup
 from queues.models import Queue
 from taskforge import metrics
+from taskforge.lib import pg
 from tasks import sql
 from tasks.exceptions import InvalidTransition
 from tasks.models import Task, TaskEvent, TaskStatus
@@ -132,7 +133,7 @@ def buffer_due(
     inside `atomic()`.
     """
     now = now or timezone.now()
-    with connection.cursor() as cursor:
+    with pg.cursor() as cursor:
         cursor.execute(
             sql.BUFFER_DUE,
             {"queue_id": queue.id, "now": now, "limit": limit, "better_than": better_than},
@@ -428,7 +429,7 @@ def _record(
 
 def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) -> list[Task]:
     """Run one of tasks.sql's statements and build Tasks from the rows it returns."""
-    with connection.cursor() as cursor:
+    with pg.cursor() as cursor:
         cursor.execute(query, params)
         names = [column.name for column in cursor.description]
         rows = cursor.fetchall()
