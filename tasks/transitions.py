@@ -16,7 +16,6 @@ Nothing else in TaskForge writes `Task.status`.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -30,7 +29,7 @@ from dlq.models import DeadLetterTask
 from queues import lookup
 from queues.models import Queue
 from taskforge import metrics
-from taskforge.lib import pg
+from taskforge.lib import jsonutil, pg
 from tasks import sql
 from tasks.exceptions import InvalidTransition
 from tasks.models import Task, TaskEvent, TaskStatus
@@ -92,7 +91,7 @@ def create(
                     "queue_id": queue_id,
                     "now": now,
                     "ids": [task.pk for task in group],
-                    "payloads": [json.dumps(task.payload) for task in group],
+                    "payloads": [jsonutil.dumps(task.payload).decode() for task in group],
                     "priorities": [task.priority for task in group],
                     "scheduled": [task.scheduled_at for task in group],
                     "max_retries": [task.max_retries for task in group],

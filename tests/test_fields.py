@@ -32,3 +32,29 @@ def test_strict_serializer__copies_validate_like_the_declared_fields() -> None:
     assert set(bad.errors) == {"name", "tags"}
     again = Body(data={"name": "abc", "tags": ["abcd"]})  # no state left by the failure
     assert not again.is_valid() and set(again.errors) == {"tags"}
+
+
+def test_json_renderer__same_bytes_as_drfs() -> None:
+    """The API's renderer (taskforge.lib.jsonutil) writes what DRF's JSONRenderer writes."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from rest_framework.exceptions import ErrorDetail
+    from rest_framework.renderers import JSONRenderer as DrfRenderer
+
+    from taskforge.api.renderers import JSONRenderer
+    from tasks.models import TaskStatus
+
+    documents = [
+        {"tasks": [{"id": str(uuid.uuid4()), "payload": {"a": [1, 2.5, None]}, "ok": True}]},
+        {"error": {"code": "validation_error", "fields": {"x": [ErrorDetail("Bad.", "invalid")]}}},
+        {"status": TaskStatus.EXECUTING, "at": datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)},
+        {"text": "line \u2028 and \u2029 separators, ünïcödé"},
+        {"big": 10**30},
+        [],
+    ]
+    for document in documents:
+        assert JSONRenderer().render(document) == DrfRenderer().render(document), document
+    assert JSONRenderer().render(None) == b""
+    pretty = "application/json; indent=2"
+    assert JSONRenderer().render({"a": 1}, pretty) == DrfRenderer().render({"a": 1}, pretty)

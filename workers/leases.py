@@ -8,7 +8,6 @@ same worker acking the same attempt again is answered as a success.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from taskforge.conf import conf
+from taskforge.lib import jsonutil
 from tasks import sql, transitions
 from tasks.exceptions import LeaseLost
 from tasks.models import Task, TaskStatus
@@ -84,7 +84,7 @@ def ack(worker_id: str, items: Sequence[Item]) -> list[Outcome]:
         (
             item.task_id,
             item.attempt,
-            None if item.result is _NOT_GIVEN else json.dumps(item.result, ensure_ascii=False),
+            None if item.result is _NOT_GIVEN else jsonutil.dumps(item.result).decode(),
         )
         for item in items
     ]

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rest_framework import serializers
@@ -17,6 +16,7 @@ from taskforge.api.fields import (
     TimeField,
 )
 from taskforge.conf import conf
+from taskforge.lib import jsonutil
 from taskforge.lib.timeutil import isoformat
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.services import TaskSpec
@@ -28,7 +28,7 @@ MAX_DELAY_SECONDS = 100 * 365 * 86400
 
 def json_size(value: Any) -> int:
     """Bytes of `value` as compact UTF-8 JSON: what the payload limit counts."""
-    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    return len(jsonutil.dumps(value))
 
 
 def check_payload_size(value: Any, what: str = "payload") -> None:

@@ -1,0 +1,35 @@
+"""The API's JSON renderer: DRF's, encoding with taskforge.lib.jsonutil."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import renderers
+
+from taskforge.lib import jsonutil
+
+
+class JSONRenderer(renderers.JSONRenderer):
+    """Same bytes as DRF's JSONRenderer (compact, UTF-8, U+2028/U+2029 escaped).
+
+    Every response goes through here; a claim of 100 tasks or a 1000-task
+    batch enqueue spends milliseconds in the stdlib encoder.
+    """
+
+    def render(
+        self,
+        data: Any,
+        accepted_media_type: str | None = None,
+        renderer_context: dict[str, Any] | None = None,
+    ) -> bytes:
+        if data is None:
+            return b""
+        if self.get_indent(accepted_media_type, renderer_context or {}) is not None:
+            return super().render(data, accepted_media_type, renderer_context)
+        body = jsonutil.dumps(data, default=self.encoder_class().default)
+        # As DRF: JSON that is also a strict JavaScript subset.
+        if b"\xe2\x80" in body:
+            body = body.replace("\u2028".encode(), b"\\u2028").replace(
+                "\u2029".encode(), b"\\u2029"
+            )
+        return body
