@@ -17,7 +17,7 @@ def stdlib(value, default=None) -> bytes:
 DOCUMENTS = [
     {"job": "bench", "args": [1, 2, 3], "note": "x" * 40},
     {"nested": {"a": [True, False, None, {"b": []}]}, "empty": {}, "s": ""},
-    ["ünïcödé ✓ 日本語", "quote \" backslash \\ newline \n tab \t", "\u2028\u2029", "\x01"],
+    ["ünïcödé ✓ 日本語", 'quote " backslash \\ newline \n tab \t', "\u2028\u2029", "\x01"],
     [0, -1, 2**63 - 1, -(2**63), 0.5, -0.25, 123456.789, 1e300, 1e16],
     "just a string",
     42,
