@@ -152,6 +152,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["taskforge.api.permissions.HasRole"],
     "DEFAULT_PARSER_CLASSES": ["taskforge.api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["taskforge.api.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "taskforge.api.negotiation.ContentNegotiation",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "taskforge.api.exceptions.exception_handler",
     "UNAUTHENTICATED_USER": None,

@@ -281,3 +281,34 @@ def test_readyz__postgres_down_is_503_with_checks() -> None:
     assert body["status"] == "unavailable"
     assert body["checks"]["redis"] == "ok"
     assert body["checks"]["postgres"].startswith("error: ")
+
+
+# Content negotiation ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("accept", "expected"),
+    [
+        (None, 200),
+        ("*/*", 200),
+        ("application/json", 200),
+        ("application/json; indent=2", 200),
+        ("text/html, application/json;q=0.9", 200),
+        ("text/html", 406),
+        ("application/xml", 406),
+    ],
+)
+def test_accept__json_or_406(admin_client: APIClient, accept: str | None, expected: int) -> None:
+    headers = {} if accept is None else {"HTTP_ACCEPT": accept}
+    response = admin_client.get("/queues", **headers)
+    assert response.status_code == expected, response.content
+    assert response["Content-Type"] == "application/json"
+    if expected == 406:
+        assert_error(response, status.HTTP_406_NOT_ACCEPTABLE, "not_acceptable")
+    elif accept and "indent" in accept:
+        assert response.content.startswith(b"{\n  ")  # pretty, as DRF does it
+
+
+def test_accept__format_query_parameter_is_still_drfs(admin_client: APIClient) -> None:
+    assert admin_client.get("/queues?format=json").status_code == 200
+    assert_error(admin_client.get("/queues?format=xml"), status.HTTP_404_NOT_FOUND, "not_found")
