@@ -206,3 +206,10 @@ def test_json_formatter__timestamp_is_the_records_time_in_utc() -> None:
         assert ts.endswith("Z") and len(ts) == 27, ts
         parsed = datetime.fromisoformat(ts.replace("Z", "+00:00"))
         assert abs((parsed - expected).total_seconds()) <= 1e-6, (ts, expected)
+
+
+def test_json_formatter__keeps_the_spaced_layout() -> None:
+    """`"key": value` with spaces, as every release wrote it: greps of the logs keep working."""
+    record = logging.makeLogRecord({"msg": "loop.started", "loop": "dispatcher"})
+    text = JsonFormatter().format(record)
+    assert '"event": "loop.started", "loop": "dispatcher"' in text

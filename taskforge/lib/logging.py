@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
 
-from taskforge.lib import jsonutil
-
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RESERVED = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# The stdlib's encoder, not orjson (taskforge.lib.jsonutil): lines keep the
+# `"key": value` spacing that tools grepping the logs may rely on.
+_encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
 
 # (unix second, its "YYYY-MM-DDTHH:MM:SS"): lines of the same second share it.
 _second: tuple[int, str] = (-1, "")
@@ -47,7 +49,7 @@ class JsonFormatter(logging.Formatter):
                 line[key] = value
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
-        return jsonutil.dumps(line, default=str).decode()
+        return _encode(line)
 
 
 def lean_records() -> None:
