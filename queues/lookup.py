@@ -13,7 +13,7 @@ second.  The rows returned are shared: read them, never modify them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from queues.models import Queue
@@ -27,19 +27,7 @@ _by_id: TTLCache[Queue] = TTLCache(QUEUE_CACHE_SECONDS)
 
 def by_names(names: Iterable[str]) -> dict[str, Queue]:
     """The queues of those names that exist, in one query for the ones not remembered."""
-    found: dict[str, Queue] = {}
-    missing = set()
-    for name in names:
-        queue = _by_name.get(name)
-        if queue is None:
-            missing.add(name)
-        else:
-            found[name] = queue
-    if missing:
-        for queue in Queue.objects.filter(name__in=missing):
-            _remember(queue)
-            found[queue.name] = queue
-    return found
+    return _lookup(_by_name, names, lambda missing: Queue.objects.filter(name__in=missing), "name")
 
 
 def by_name(name: str) -> Queue | None:
@@ -48,19 +36,9 @@ def by_name(name: str) -> Queue | None:
 
 def by_ids(ids: Iterable[Any], *, fresh: bool = False) -> dict[Any, Queue]:
     """The queues of those ids that exist, keyed by id; `fresh` reads them all anew."""
-    found: dict[Any, Queue] = {}
-    missing = set()
-    for queue_id in ids:
-        queue = None if fresh else _by_id.get(queue_id)
-        if queue is None:
-            missing.add(queue_id)
-        else:
-            found[queue_id] = queue
-    if missing:
-        for queue in Queue.objects.filter(pk__in=missing):
-            _remember(queue)
-            found[queue.pk] = queue
-    return found
+    return _lookup(
+        _by_id, ids, lambda missing: Queue.objects.filter(pk__in=missing), "pk", fresh=fresh
+    )
 
 
 def forget(queue: Queue) -> None:
@@ -71,6 +49,29 @@ def forget(queue: Queue) -> None:
 def clear() -> None:
     _by_name.clear()
     _by_id.clear()
+
+
+def _lookup(
+    cache: TTLCache[Queue],
+    keys: Iterable[Any],
+    fetch: Callable[[set[Any]], Iterable[Queue]],
+    key_attribute: str,
+    *,
+    fresh: bool = False,
+) -> dict[Any, Queue]:
+    found: dict[Any, Queue] = {}
+    missing = set()
+    for key in keys:
+        queue = None if fresh else cache.get(key)
+        if queue is None:
+            missing.add(key)
+        else:
+            found[key] = queue
+    if missing:
+        for queue in fetch(missing):
+            _remember(queue)
+            found[getattr(queue, key_attribute)] = queue
+    return found
 
 
 def _remember(queue: Queue) -> None:
