@@ -8,6 +8,7 @@ subscriber thread that wakes its waiting polls.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 
@@ -32,6 +33,22 @@ max_requests_jitter = 10_000
 
 # Multiprocess metrics: drop a dead worker's live gauges, keep its counts.
 child_exit = metrics.child_exit
+
+
+def post_worker_init(worker: object) -> None:
+    """Keep the garbage collector off the objects of startup, and run it less often.
+
+    The ~90k objects Django, DRF and the URLconf leave at import live as
+    long as the process; a full collection scanned them all, a 50-60 ms
+    pause for every request in flight (measured here).  Frozen, the pauses
+    stay under ~10 ms; a first generation of 10,000 allocations instead of
+    700 makes collections ~10x rarer for the same work (GC time per
+    request: 0.07 -> 0.04 ms).
+    """
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
+
+
 # gunicorn 27's control socket sits at one path per user; two servers on a
 # host would fight over it, and TaskForge does not use it.
 control_socket_disable = True

@@ -299,3 +299,23 @@ def test_build_script_produces_an_installed_app(tmp_path: Path) -> None:
         text=True,
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_gunicorn_config__workers_freeze_startup_objects() -> None:
+    """gunicorn picks up the post_worker_init hook, which freezes what startup built."""
+    code = (
+        "import gc\n"
+        "from gunicorn.app.wsgiapp import WSGIApplication\n"
+        "app = WSGIApplication.__new__(WSGIApplication)\n"
+        "from gunicorn.config import Config\n"
+        "app.cfg = Config()\n"
+        "app.load_config_from_file('gunicorn.conf.py')\n"
+        "app.cfg.post_worker_init(None)\n"
+        "print(gc.get_freeze_count() > 0, gc.get_threshold())\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "taskforge.settings"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "True (10000, 10, 10)"
