@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,8 +63,11 @@ def resolve_queues(names: Sequence[str]) -> list[Queue]:
     return ordered
 
 
-def claim(request: ClaimRequest) -> list[Task]:
+def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> list[Task]:
     """Hand out up to `max_tasks` tasks, waiting up to `wait_seconds` for some.
+
+    `gone` says whether the caller has hung up; a wait it ends hands out
+    nothing, so no task is leased to a worker that is no longer listening.
 
     Raises:
         Http404: a queue name is unknown.
@@ -84,6 +87,8 @@ def claim(request: ClaimRequest) -> list[Task]:
             pause = min(left, MAX_WAIT_SLICE, retry_in if retry_in else MAX_WAIT_SLICE)
             _release_connection()
             wake.wait(pause)
+            if gone is not None and gone():
+                return []
             # A pause is enforced by the hand-out itself; re-read only to see
             # a paused queue resume.
             if paused:

@@ -17,12 +17,15 @@ task events in Postgres, whose chains must follow the lifecycle of API.md.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import signal
+import socket
 import statistics
 import threading
 import time
+import urllib.parse
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -874,6 +877,40 @@ def test_lease__vanished_worker_task_retried_by_another(
     ]
     assert "lease expired" in events[3]["error"]
     check_histories("lease")
+
+
+@pytest.mark.timeout(60)
+def test_long_poll__a_poll_whose_client_hung_up_hands_out_nothing(
+    shared_service: Service, api: Clients
+) -> None:
+    """A worker exits while its claim waits: the task that arrives goes to a live worker.
+
+    Without the check the dead poll would take the task, and it would wait for its lease
+    to run out (heartbeat timeout + watchdog interval) before anyone could run it.
+    """
+    create_queue(api, "hangup")
+    url = urllib.parse.urlsplit(shared_service.base_url)
+    body = json.dumps({"worker_id": "ghost", "queues": ["hangup"], "wait_seconds": 20}).encode()
+    ghost = socket.create_connection((url.hostname, url.port), timeout=5)
+    ghost.sendall(
+        f"POST /workers/claim HTTP/1.1\r\nHost: {url.netloc}\r\n".encode()
+        + b"Content-Type: application/json\r\n"
+        + f"Authorization: Bearer {api.worker_key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    ghost.settimeout(0.5)
+    with pytest.raises(TimeoutError):  # no answer: the claim is inside its wait
+        ghost.recv(1)
+    ghost.close()  # the worker is gone
+    time.sleep(0.3)
+    [task] = enqueue(api, "hangup", [{"payload": "for the living"}])
+    started = time.monotonic()
+    got = api.worker("alive").claim(["hangup"], wait_seconds=5)
+    waited = time.monotonic() - started
+    assert [(t["id"], t["attempts"], t["claimed_by"]) for t in got] == [(task["id"], 1, "alive")]
+    assert waited < 1.0, f"waited {waited:.2f}s"
+    events = api.producer.ok("GET", f"/queues/hangup/tasks/{task['id']}/events")["results"]
+    assert "ghost" not in {e["worker_id"] for e in events}
 
 
 # -- 5. API.md's numbers ---------------------------------------------------------------------

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from taskforge.api.pagination import KeysetPaginator
+from taskforge.api.peer import disconnected
 from taskforge.api.permissions import ADMIN, WORKER
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
 from taskforge.lib.timeutil import isoformat
@@ -80,7 +81,7 @@ class ClaimView(APIView):
     def post(self, request: Request) -> Response:
         body = ClaimSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        tasks = claim(ClaimRequest(**body.validated_data))
+        tasks = claim(ClaimRequest(**body.validated_data), gone=disconnected(request._request))
         return Response({"tasks": [claimed_task(task) for task in tasks]})
 
 

@@ -1,0 +1,33 @@
+"""Is the client of a request still connected?  For long polls."""
+
+from __future__ import annotations
+
+import select
+import socket
+from collections.abc import Callable
+
+from django.http import HttpRequest
+
+
+def disconnected(request: HttpRequest) -> Callable[[], bool] | None:
+    """A check that says True once the client has closed its connection.
+
+    None where the server does not expose the socket (gunicorn does, as
+    `gunicorn.socket`; the test client does not).  A client that closed
+    its end makes the socket readable with nothing to read; one still
+    waiting for its answer sends nothing, so the socket is not readable.
+    Behind a proxy that keeps its upstream connection open, it never says
+    True: the check is best effort.
+    """
+    sock = request.META.get("gunicorn.socket")
+    if not isinstance(sock, socket.socket):
+        return None
+
+    def check() -> bool:
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+            return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):  # reset, or closed on our side
+            return True
+
+    return check
