@@ -7,9 +7,10 @@ import socket
 from collections.abc import Callable
 
 from django.http import HttpRequest
+from rest_framework.request import Request
 
 
-def disconnected(request: HttpRequest) -> Callable[[], bool] | None:
+def disconnected(request: HttpRequest | Request) -> Callable[[], bool] | None:
     """A check that says True once the client has closed its connection.
 
     None where the server does not expose the socket (gunicorn does, as

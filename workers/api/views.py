@@ -81,7 +81,7 @@ class ClaimView(APIView):
     def post(self, request: Request) -> Response:
         body = ClaimSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        tasks = claim(ClaimRequest(**body.validated_data), gone=disconnected(request._request))
+        tasks = claim(ClaimRequest(**body.validated_data), gone=disconnected(request))
         return Response({"tasks": [claimed_task(task) for task in tasks]})
 
 
