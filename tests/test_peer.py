@@ -1,0 +1,38 @@
+"""taskforge.api.peer: telling that a long poll's client hung up."""
+
+from __future__ import annotations
+
+import socket
+
+from django.test import RequestFactory
+
+from taskforge.api.peer import disconnected
+
+
+def request_on(sock: socket.socket | None):
+    request = RequestFactory().post("/workers/claim")
+    if sock is not None:
+        request.META["gunicorn.socket"] = sock
+    return request
+
+
+def test_disconnected__none_without_the_servers_socket() -> None:
+    assert disconnected(request_on(None)) is None
+
+
+def test_disconnected__true_once_the_client_closes() -> None:
+    server, client = socket.socketpair()
+    try:
+        gone = disconnected(request_on(server))
+        assert gone is not None
+        assert gone() is False  # waiting for its answer: nothing to read
+        client.sendall(b"x")  # a pipelined byte is not a hang-up (and is left unread)
+        assert gone() is False
+        assert server.recv(1) == b"x"
+        client.close()
+        assert gone() is True
+        server.close()
+        assert gone() is True  # closed on our side too
+    finally:
+        server.close()
+        client.close()
