@@ -108,12 +108,11 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
     # Due tasks of a running queue go straight into the buffer when they fit:
     # no wait for the dispatcher's hop.  A batch that would overflow the
     # buffer (a backlog) is left to the dispatcher, which keeps hand-out order.
-    fast = not queue.paused and _buffer_has_room(queue, sum(t.scheduled_at <= now for t in new))
-    transitions.create(new, now=now, buffer=fast)
-    if fast:
-        due = [task for task in new if task.scheduled_at <= now]
-        if due:
-            transaction.on_commit(lambda: _push_buffered(queue, due))
+    due = sum(task.scheduled_at <= now for task in new)
+    fast = not queue.paused and _buffer_has_room(queue, due)
+    buffered = transitions.create(new, now=now, buffer=fast)
+    if buffered:
+        transaction.on_commit(lambda: _push_buffered(queue, buffered))
     for task, _ in results:
         task.queue = queue  # serializers read the name; spare them a query each
     return [Enqueued(task, created) for task, created in results]

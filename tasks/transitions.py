@@ -68,8 +68,9 @@ def create(
     One statement per queue writes the tasks and their events.  With
     `buffer`, tasks already due go on to `claimed` in the same statement
     (the caller pushes them to Redis after commit); otherwise due tasks wake
-    the dispatchers (NOTIFY, on commit).  Returns the tasks as enqueued
-    (`pending`: what API.md says an enqueue answers).  Caller contract: the
+    the dispatchers (NOTIFY, on commit).  The tasks are left as enqueued
+    (`pending`: what API.md says an enqueue answers); returns those that went
+    on to `claimed`, for the caller to push.  Caller contract: the
     tasks are unsaved and carry their queue, payload, priority, scheduled_at,
     max_retries and idempotency key; inside `atomic()` when several
     statements must stand or fall together.
@@ -117,7 +118,7 @@ def create(
             for task in buffered
         ]
         transaction.on_commit(lambda: _log("task.buffered", buffered_lines))
-    return list(tasks)
+    return buffered
 
 
 def buffer_due(
