@@ -16,6 +16,7 @@ Nothing else in TaskForge writes `Task.status`.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -448,17 +449,7 @@ def _tasks_from_rows(names: list[str], rows: list[tuple[Any, ...]]) -> list[Task
     What Task.objects.raw does, without its per-query setup: the hot paths
     run this for every claim and ack.
     """
-    index = {name: i for i, name in enumerate(names)}
-    fields = Task._meta.concrete_fields
-    attnames = [field.attname for field in fields]
-    positions = [index[name] for name in attnames]
-    converters = [
-        (k, field.from_db_value)
-        for k, field in enumerate(fields)
-        if hasattr(field, "from_db_value")
-    ]
-    known = set(attnames)
-    extras = [(name, i) for name, i in index.items() if name not in known]
+    attnames, positions, converters, extras = _row_layout(tuple(names))
     db = connection.alias
     tasks = []
     for row in rows:
@@ -470,6 +461,26 @@ def _tasks_from_rows(names: list[str], rows: list[tuple[Any, ...]]) -> list[Task
             setattr(task, name, row[i])
         tasks.append(task)
     return tasks
+
+
+@functools.lru_cache(maxsize=32)
+def _row_layout(
+    names: tuple[str, ...],
+) -> tuple[list[str], list[int], list[tuple[int, Any]], list[tuple[str, int]]]:
+    """For rows with these columns: Task's attnames, the row index of each, the
+    fields' from_db_value converters, and the extra columns.  The same few
+    statements run over and over: worked out once per column list."""
+    index = {name: i for i, name in enumerate(names)}
+    fields = Task._meta.concrete_fields
+    attnames = [field.attname for field in fields]
+    converters = [
+        (k, field.from_db_value)
+        for k, field in enumerate(fields)
+        if hasattr(field, "from_db_value")
+    ]
+    known = set(attnames)
+    extras = [(name, i) for name, i in index.items() if name not in known]
+    return attnames, [index[name] for name in attnames], converters, extras
 
 
 def _log_rows(
