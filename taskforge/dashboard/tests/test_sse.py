@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from typing import Any
 
 import pytest
@@ -27,12 +29,32 @@ def _events(body: str) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """A fake clock and sleep for the stream's own calls only.
+
+    `time` is one module for the whole process: other callers (the Redis
+    listener thread of an earlier test, say) keep the real clock and sleep,
+    or they would eat the stream's ticks.
+    """
     slept: list[float] = []
     monkeypatch.setattr(sse, "INTERVAL_SECONDS", 2.0)
     monkeypatch.setattr(sse, "LIFETIME_SECONDS", 7.0)
-    monkeypatch.setattr(sse.time, "sleep", slept.append)
-    clock = iter(range(0, 1000, 2))  # each monotonic() call: 2 s later
-    monkeypatch.setattr(sse.time, "monotonic", lambda: float(next(clock)))
+    clock = iter(range(0, 1000, 2))  # each monotonic() call of the stream: 2 s later
+    real_sleep, real_monotonic = time.sleep, time.monotonic
+
+    def from_sse() -> bool:
+        return sys._getframe(2).f_globals.get("__name__") == sse.__name__
+
+    def sleep(seconds: float) -> None:
+        if from_sse():
+            slept.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    def monotonic() -> float:
+        return float(next(clock)) if from_sse() else real_monotonic()
+
+    monkeypatch.setattr(sse.time, "sleep", sleep)
+    monkeypatch.setattr(sse.time, "monotonic", monotonic)
     monkeypatch.setattr(snapshot, "MAX_AGE_SECONDS", 0.0)
     return slept
 
