@@ -6,3 +6,10 @@ from django.apps import AppConfig
 class DlqConfig(AppConfig):
     name = "dlq"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from dlq import receivers
+        from tasks import signals
+
+        signals.dead_lettered.connect(receivers.on_dead_lettered, dispatch_uid="dlq.dead")
+        signals.replayed.connect(receivers.on_replayed, dispatch_uid="dlq.replayed")

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import models
 
 from queues.models import Queue
-from tasks.models import Task
+from tasks.models import Task, TaskStatus
+
+
+class DeadLetterQuerySet(models.QuerySet["DeadLetterTask"]):
+    def dead_now(self) -> DeadLetterQuerySet:
+        """Entries whose task is dead now: the DLQ (a replayed task keeps its entry)."""
+        return self.filter(task__status=TaskStatus.DEAD)
+
+    def died_between(
+        self, after: datetime | None = None, before: datetime | None = None
+    ) -> DeadLetterQuerySet:
+        """Entries that died in the open interval (after, before); None: unbounded."""
+        entries = self
+        if after is not None:
+            entries = entries.filter(died_at__gt=after)
+        if before is not None:
+            entries = entries.filter(died_at__lt=before)
+        return entries
 
 
 class DeadLetterTask(models.Model):
@@ -25,6 +44,8 @@ class DeadLetterTask(models.Model):
     died_at = models.DateTimeField()
     replayed_at = models.DateTimeField(null=True)
     replay_count = models.PositiveIntegerField(default=0)
+
+    objects = DeadLetterQuerySet.as_manager()
 
     class Meta:
         indexes = [

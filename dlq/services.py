@@ -1,34 +1,39 @@
-"""Operator actions on the dead-letter queue: replay and discard."""
+"""Operator actions on the dead-letter queue: replay and discard.
+
+The API, the dashboard and the admin all act through these.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from datetime import datetime
 
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import Http404
 
+from dlq.models import DeadLetterTask
 from queues.models import Queue
+from taskforge.errors import NotFound
 from tasks import transitions
 from tasks.models import Task, TaskStatus
 
 BATCH = 1000
 
 
+class NotDead(NotFound):
+    """No dead task with this id in this queue."""
+
+
 def replay_one(queue: Queue, task_id: str) -> Task:
     """dead -> pending with attempts reset.
 
     Raises:
-        Http404: the task is not dead in this queue.
+        NotDead: the task is not dead in this queue.
     """
     with transaction.atomic():
-        task = (
-            Task.objects.select_for_update(no_key=True)
-            .filter(queue=queue, status=TaskStatus.DEAD, pk=task_id)
-            .first()
-        )
+        task = _dead(queue).select_for_update(no_key=True).filter(pk=task_id).first()
         if task is None:
-            raise Http404("No dead task with this id in this queue.")
+            raise NotDead()
         task.queue = queue
         transitions.replay([task])
     return task
@@ -42,8 +47,9 @@ def replay_many(queue: Queue, task_ids: Sequence[str]) -> int:
         with transaction.atomic():
             replayed += _replay_locked(
                 queue,
-                Task.objects.select_for_update(no_key=True, skip_locked=True)
-                .filter(queue=queue, status=TaskStatus.DEAD, pk__in=chunk)
+                _dead(queue)
+                .select_for_update(no_key=True, skip_locked=True)
+                .filter(pk__in=chunk)
                 .order_by("id"),
             )
     return replayed
@@ -56,13 +62,72 @@ def replay_all(queue: Queue) -> int:
         with transaction.atomic():
             count = _replay_locked(
                 queue,
-                Task.objects.select_for_update(no_key=True, skip_locked=True)
-                .filter(queue=queue, status=TaskStatus.DEAD)
+                _dead(queue)
+                .select_for_update(no_key=True, skip_locked=True)
                 .order_by("id")[:BATCH],
             )
         replayed += count
         if count < BATCH:
             return replayed
+
+
+def replay_matching(
+    queues: Iterable[Queue], *, died_after: datetime | None, died_before: datetime | None
+) -> int:
+    """Replay every task dead in `queues` that died in (died_after, died_before).
+
+    Without a time bound this is `replay_all` per queue; with one, the
+    matching ids are read first, then replayed in batches.
+    """
+    replayed = 0
+    for queue in queues:
+        if died_after is None and died_before is None:
+            replayed += replay_all(queue)
+            continue
+        ids = [
+            str(pk)
+            for pk in DeadLetterTask.objects.dead_now()
+            .filter(queue=queue)
+            .died_between(died_after, died_before)
+            .order_by("-died_at", "-task_id")
+            .values_list("task_id", flat=True)
+        ]
+        replayed += replay_many(queue, ids)
+    return replayed
+
+
+def replay_selected(task_ids: Iterable[str]) -> int:
+    """Replay the dead ones among `task_ids`, whatever their queues."""
+    return sum(replay_many(queue, ids) for queue, ids in _by_queue(task_ids).items())
+
+
+def discard(queue: Queue, task_id: str) -> None:
+    """Delete a dead task for good, with its events and DLQ entry.
+
+    Raises:
+        NotDead: the task is not dead in this queue.
+    """
+    with transaction.atomic():
+        deleted, _ = _dead(queue).filter(pk=task_id).select_for_update().delete()
+        if not deleted:
+            raise NotDead()
+
+
+def discard_selected(task_ids: Iterable[str]) -> int:
+    """Discard the dead ones among `task_ids`, whatever their queues; return how many."""
+    discarded = 0
+    for queue, ids in _by_queue(task_ids).items():
+        for task_id in ids:
+            try:
+                discard(queue, task_id)
+            except NotDead:
+                continue
+            discarded += 1
+    return discarded
+
+
+def _dead(queue: Queue) -> QuerySet[Task]:
+    return Task.objects.filter(queue=queue, status=TaskStatus.DEAD)
 
 
 def _replay_locked(queue: Queue, locked: QuerySet[Task]) -> int:
@@ -73,17 +138,12 @@ def _replay_locked(queue: Queue, locked: QuerySet[Task]) -> int:
     return len(tasks)
 
 
-def discard(queue: Queue, task_id: str) -> None:
-    """Delete a dead task for good, with its events and DLQ entry.
-
-    Raises:
-        Http404: the task is not dead in this queue.
-    """
-    with transaction.atomic():
-        deleted, _ = (
-            Task.objects.filter(queue=queue, status=TaskStatus.DEAD, pk=task_id)
-            .select_for_update()
-            .delete()
-        )
-        if not deleted:
-            raise Http404("No dead task with this id in this queue.")
+def _by_queue(task_ids: Iterable[str]) -> dict[Queue, list[str]]:
+    """The DLQ entries among `task_ids`, grouped by queue."""
+    found: dict[object, list[str]] = {}
+    for task_id, queue_id in DeadLetterTask.objects.filter(task_id__in=list(task_ids)).values_list(
+        "task_id", "queue_id"
+    ):
+        found.setdefault(queue_id, []).append(str(task_id))
+    queues = Queue.objects.in_bulk(list(found))
+    return {queues[queue_id]: ids for queue_id, ids in found.items()}

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from taskforge.errors import TaskForgeError
+from taskforge.errors import NotFound, TaskForgeError
 
 
 class QueueExists(TaskForgeError):
@@ -15,3 +15,7 @@ class QueueNotEmpty(TaskForgeError):
 
     code = "queue_not_empty"
     status_code = 409
+
+
+class UnknownQueue(NotFound):
+    """No such queue."""

@@ -25,13 +25,20 @@ _by_name: TTLCache[Queue] = TTLCache(QUEUE_CACHE_SECONDS)
 _by_id: TTLCache[Queue] = TTLCache(QUEUE_CACHE_SECONDS)
 
 
-def by_names(names: Iterable[str]) -> dict[str, Queue]:
-    """The queues of those names that exist, in one query for the ones not remembered."""
-    return _lookup(_by_name, names, lambda missing: Queue.objects.filter(name__in=missing), "name")
+def by_names(names: Iterable[str], *, fresh: bool = False) -> dict[str, Queue]:
+    """The queues of those names that exist, in one query for the ones not remembered
+    (`fresh`: for all of them)."""
+    return _lookup(
+        _by_name,
+        names,
+        lambda missing: Queue.objects.filter(name__in=missing),
+        "name",
+        fresh=fresh,
+    )
 
 
-def by_name(name: str) -> Queue | None:
-    return by_names([name]).get(name)
+def by_name(name: str, *, fresh: bool = False) -> Queue | None:
+    return by_names([name], fresh=fresh).get(name)
 
 
 def by_ids(ids: Iterable[Any], *, fresh: bool = False) -> dict[Any, Queue]:

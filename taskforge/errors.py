@@ -17,3 +17,10 @@ class TaskForgeError(Exception):
     def __init__(self, message: str | None = None) -> None:
         self.message = message or (self.__doc__ or self.code).strip().splitlines()[0]
         super().__init__(self.message)
+
+
+class NotFound(TaskForgeError):
+    """No such object."""
+
+    code = "not_found"
+    status_code = 404

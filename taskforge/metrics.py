@@ -4,7 +4,7 @@ Counters and the histogram count committed transitions: `tasks.transitions`
 calls `on_transitions()` from its on-commit log hook, in whichever process
 made the move (a gunicorn worker, the watchdog, the dispatcher...).  Gauges
 (queue depth, DLQ depth, heartbeat age) are not counted anywhere: a scrape
-reads them from Postgres (`DatabaseGauges`).
+reads them from Postgres (`dashboard.metrics.DatabaseGauges`).
 
 Across processes (prometheus_client's multiprocess mode)
 ---------------------------------------------------------
@@ -40,13 +40,10 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.db import DatabaseError, transaction
 from prometheus_client import REGISTRY, Counter, Histogram, multiprocess, values
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger("taskforge.metrics")
@@ -200,102 +197,15 @@ def child_exit(server: Any, worker: Any) -> None:
         multiprocess.mark_process_dead(process_identifier(worker.pid), MULTIPROC_DIR)
 
 
-# --- gauges read at scrape time ----------------------------------------------------
-
-# API.md's stats: `pending` is due, `scheduled` is pending but not yet due.
-DEPTH_STATUSES = ("pending", "scheduled", "claimed", "executing", "retry")
-# A scrape must not hold a database connection for long, whatever the backlog.
-SCRAPE_STATEMENT_TIMEOUT_MS = 5000
-
-
-class DatabaseGauges:
-    """Queue depth, DLQ depth and worker heartbeat age, read from Postgres.
-
-    `tasks.stats.queues_stats` for every queue (grouped counts over the live
-    statuses only, never the done and cancelled history) and the workers
-    seen in the last hour (workers_worker.last_seen_at index).  When Postgres does not
-    answer, the gauges are left out and the counters still scrape.
-    """
-
-    def collect(self) -> Iterator[Metric]:
-        try:
-            depth, dlq, ages = self._read()
-        except DatabaseError as exc:
-            logger.warning("metrics.gauges_unavailable", extra={"error": repr(exc)})
-            return
-        queue_depth = GaugeMetricFamily(
-            "taskforge_queue_depth",
-            "Tasks by queue and live status (pending: due; scheduled: pending, not yet due).",
-            labels=["queue", "status"],
-        )
-        for queue, counts in depth.items():
-            for status in DEPTH_STATUSES:
-                queue_depth.add_metric([queue, status], counts[status])
-        dlq_depth = GaugeMetricFamily(
-            "taskforge_dlq_depth", "Dead tasks (the dead-letter queue) by queue.", labels=["queue"]
-        )
-        for queue, count in dlq.items():
-            dlq_depth.add_metric([queue], count)
-        heartbeat_age = GaugeMetricFamily(
-            "taskforge_worker_heartbeat_age_seconds",
-            "Seconds since each worker seen in the last hour was last seen.",
-            labels=["worker_id"],
-        )
-        for worker_id, age in ages:
-            heartbeat_age.add_metric([worker_id], age)
-        yield from (queue_depth, dlq_depth, heartbeat_age)
-
-    @staticmethod
-    def _read() -> tuple[dict[str, dict[str, int]], dict[str, int], list[tuple[str, float]]]:
-        from django.db import connection
-        from django.utils import timezone
-
-        from queues.models import Queue
-        from tasks.stats import queues_stats
-        from workers.models import Worker
-
-        now = timezone.now()
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT set_config('statement_timeout', %s, true)",
-                    [str(SCRAPE_STATEMENT_TIMEOUT_MS)],
-                )
-            queues = list(Queue.objects.order_by("name"))
-            # The same counts as GET /queues/:name/stats, for every queue at once.
-            stats = queues_stats(queues, now)
-            seen = list(
-                Worker.objects.recent(now)
-                .order_by("worker_id")
-                .values_list("worker_id", "last_seen_at")
-            )
-        depth = {queue.name: stats[queue.id]["depth"] for queue in queues}
-        dlq = {queue.name: stats[queue.id]["dlq_depth"] for queue in queues}
-        ages = [(worker_id, max((now - at).total_seconds(), 0.0)) for worker_id, at in seen]
-        return depth, dlq, ages
-
-
-class _Scrape:
-    """What one scrape exposes: the counted metrics plus the database gauges."""
-
-    def __init__(self, sources: Iterable[Collector]) -> None:
-        self._sources = list(sources)
-
-    def collect(self) -> Iterator[Metric]:
-        for source in self._sources:
-            yield from source.collect()
-
-
-def scrape_collector() -> Collector:
-    """The collector a `/metrics` answer is rendered from.
+def counted_collector() -> Collector:
+    """The counters and histograms a `/metrics` answer shows.
 
     Multiprocess mode reads every process's files (and not this process's
     default registry, which would count this worker twice); otherwise this
     process's default registry (with the process_* and python_* metrics).
+    The gauges read from the database at scrape time are the dashboard's
+    (`dashboard.metrics`).
     """
-    counted: Collector
     if MULTIPROC_DIR:
-        counted = multiprocess.MultiProcessCollector(None, path=MULTIPROC_DIR)
-    else:
-        counted = REGISTRY
-    return _Scrape([counted, DatabaseGauges()])
+        return multiprocess.MultiProcessCollector(None, path=MULTIPROC_DIR)
+    return REGISTRY

@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "tasks",
     "workers",
     "dlq",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -123,10 +124,9 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 # Where `collectstatic` writes (the container image sets it). Unset, the
-# files are served straight from the apps and static/ (WHITENOISE_USE_FINDERS).
+# files are served straight from the apps (WHITENOISE_USE_FINDERS).
 STATIC_ROOT = env.str("STATIC_ROOT", default="") or None
-STATICFILES_DIRS = [BASE_DIR / "static"]
-# Serve static files straight from the apps and static/ too, so a fresh
+# Serve static files straight from the apps (dashboard/static/) too, so a fresh
 # checkout needs no collectstatic (the image still collects them at build).
 WHITENOISE_USE_FINDERS = True
 STORAGES = {

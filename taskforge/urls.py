@@ -4,10 +4,10 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from dashboard import metrics as metrics_views
 from dlq.api import views as dlq_views
-from queues.api import views as queue_views
 from taskforge.api import health
-from taskforge.api import metrics as metrics_views
+from tasks.api import queues as queue_views
 from tasks.api import views as task_views
 from workers.api import views as worker_views
 
@@ -54,6 +54,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     # The operator dashboard; before the admin site, whose catch-all would take it.
-    path("admin/dashboard/", include("taskforge.dashboard.urls")),
+    path("admin/dashboard/", include("dashboard.urls")),
     path("admin/", admin.site.urls),
 ]

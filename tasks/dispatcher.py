@@ -2,7 +2,7 @@
 
 Per queue and batch: one short transaction selects due pending tasks with
 `SELECT ... FOR UPDATE SKIP LOCKED` in hand-out order and marks them
-`claimed` (through `transitions.buffer`); after commit they are pushed to
+`claimed` (through `transitions.buffer_due`); after commit they are pushed to
 Redis and waiting claims are woken.  A push that fails puts the tasks back
 to `pending` at once; one that never happens (the process died) is repaired
 by the reconcile.
@@ -28,9 +28,10 @@ from django.db import connection, transaction
 from redis.exceptions import RedisError
 
 from queues.models import Queue
+from queues.notify import DISPATCH_CHANNEL
 from taskforge.conf import conf
 from taskforge.lib.loop import SLEEP_SLICE, Loop
-from tasks import sql, transitions
+from tasks import transitions
 from tasks.buffer import get_buffer, score
 from tasks.models import Task, TaskStatus
 from tasks.reconcile import rebuffer_missing
@@ -189,6 +190,6 @@ class DispatcherLoop(Loop):
         pg = connection.connection
         if self._listening_on is not pg:
             with connection.cursor() as cursor:
-                cursor.execute(f"LISTEN {sql.DISPATCH_CHANNEL}")
+                cursor.execute(f"LISTEN {DISPATCH_CHANNEL}")
             self._listening_on = pg
         return pg

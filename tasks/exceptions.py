@@ -8,10 +8,3 @@ class InvalidTransition(TaskForgeError):
 
     code = "invalid_state"
     status_code = 409
-
-
-class LeaseLost(TaskForgeError):
-    """This worker does not hold the task's lease (it expired, or another worker holds it)."""
-
-    code = "lease_lost"
-    status_code = 409

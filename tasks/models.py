@@ -6,31 +6,36 @@ Models hold data, constraints and read queries.  Status is written only by
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.db import models
 from django.db.models import Q
 
 from queues.models import MAX_RETRIES_LIMIT, Queue
+from taskforge.conf import conf
 from taskforge.lib.ids import uuid7
+from tasks import lifecycle
+from tasks.lifecycle import TaskStatus
+
+__all__ = ["Task", "TaskEvent", "TaskStatus", "lease_timeout"]
 
 
-class TaskStatus(models.TextChoices):
-    PENDING = "pending"
-    CLAIMED = "claimed"
-    EXECUTING = "executing"
-    RETRY = "retry"
-    DONE = "done"
-    DEAD = "dead"
-    CANCELLED = "cancelled"
+def lease_timeout() -> timedelta:
+    """How long a lease lasts after the claim or the last heartbeat."""
+    return timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
 
 
-# Statuses that keep a queue from being deleted (API.md: DELETE /queues/:name).
-LIVE_STATUSES = (
-    TaskStatus.PENDING,
-    TaskStatus.CLAIMED,
-    TaskStatus.EXECUTING,
-    TaskStatus.RETRY,
-    TaskStatus.DEAD,
-)
+class TaskQuerySet(models.QuerySet["Task"]):
+    def live(self) -> TaskQuerySet:
+        """Tasks not finished for good (lifecycle.LIVE)."""
+        return self.filter(status__in=lifecycle.LIVE)
+
+    def cancellable(self) -> TaskQuerySet:
+        return self.filter(status__in=lifecycle.CANCELLABLE)
+
+    def lease_expired(self, now: datetime) -> TaskQuerySet:
+        """Executing tasks whose worker stopped heartbeating (task_executing_hb_idx)."""
+        return self.filter(status=TaskStatus.EXECUTING, heartbeat_at__lt=now - lease_timeout())
 
 
 class Task(models.Model):
@@ -57,6 +62,8 @@ class Task(models.Model):
     # transition's log line is measured from here.
     status_changed_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TaskQuerySet.as_manager()
 
     class Meta:
         constraints = [
@@ -124,6 +131,17 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return str(self.id)
+
+    @property
+    def lease_expires_at(self) -> datetime | None:
+        """When the current lease runs out; None unless the task is executing."""
+        if self.status != TaskStatus.EXECUTING or self.heartbeat_at is None:
+            return None
+        return self.heartbeat_at + lease_timeout()
+
+    @property
+    def is_cancellable(self) -> bool:
+        return self.status in lifecycle.CANCELLABLE
 
 
 class TaskEvent(models.Model):

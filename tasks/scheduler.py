@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from queues.notify import wake_dispatchers
 from taskforge.conf import conf
 from taskforge.lib.loop import Loop
-from tasks import sql, transitions
+from tasks import transitions
 from tasks.models import Task, TaskStatus
 
 S = TaskStatus
@@ -63,7 +64,5 @@ class SchedulerLoop(Loop):
             .values_list("queue_id", flat=True)
             .distinct()
         )
-        with connection.cursor() as cursor:
-            for queue_id in queue_ids:
-                cursor.execute(sql.NOTIFY_DISPATCH, {"queue_id": str(queue_id)})
+        wake_dispatchers(queue_ids)
         self._checked_until = now

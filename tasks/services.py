@@ -1,4 +1,8 @@
-"""Writes on tasks that are not status transitions of an existing row."""
+"""What producers and operators do with tasks: enqueue, cancel, purge a queue, delete it.
+
+Each moves tasks through `tasks.transitions`; the API, the dashboard and the
+admin call these, never the transitions' locking themselves.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +13,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.http import Http404
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from queues import lookup
+from queues.exceptions import QueueNotEmpty, UnknownQueue
 from queues.models import Queue
 from taskforge.conf import conf
+from taskforge.errors import NotFound
 from tasks import transitions
 from tasks.buffer import get_buffer, score
-from tasks.models import Task
+from tasks.models import Task, TaskStatus
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +33,13 @@ _QUEUE_FK = "tasks_task_queue_id"
 # Concurrent enqueues with the same idempotency key: the loser of the insert
 # race rolls back and retries, and then finds the winner's task.
 _IDEMPOTENCY_RETRIES = 3
+
+PURGE_BATCH = 1000
+CANCEL_BATCH = 1000
+
+
+class UnknownTask(NotFound):
+    """No such task in this queue."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +56,8 @@ class TaskSpec:
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
+    """One enqueued spec: the task as stored, and whether this call created it."""
+
     task: Task
     created: bool
 
@@ -56,7 +70,7 @@ def enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
     is always set: the enqueue time unless a later time or a delay is given.
 
     Raises:
-        Http404: the queue was deleted while the request was under way.
+        UnknownQueue: the queue was deleted while the request was under way.
     """
     for attempt in range(_IDEMPOTENCY_RETRIES):
         try:
@@ -68,7 +82,7 @@ def enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
         except IntegrityError as exc:
             if _QUEUE_FK in str(exc):
                 lookup.forget(queue)  # remembered, but deleted meanwhile
-                raise Http404("No such queue.") from exc
+                raise UnknownQueue() from exc
             if "task_idempotency_key_per_queue" not in str(exc):
                 raise
             if attempt == _IDEMPOTENCY_RETRIES - 1:
@@ -86,36 +100,50 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
             for task in Task.objects.filter(queue=queue, idempotency_key__in=keys)
             if task.idempotency_key is not None
         }
-    results: list[tuple[Task, bool]] = []
+    # Each spec's task: an existing one (key seen) or the index of a new one.
+    picks: list[Task | int] = []
     new: list[Task] = []
+    fresh_keys: dict[str, int] = {}
     for spec in specs:
         key = spec.idempotency_key
         if key is not None and key in known:
-            results.append((known[key], False))
+            picks.append(known[key])
             continue
-        task = Task(
-            queue=queue,
-            payload=spec.payload,
-            priority=spec.priority,
-            scheduled_at=_due_time(spec, now),
-            max_retries=queue.max_retries if spec.max_retries is None else spec.max_retries,
-            idempotency_key=key,
-        )
+        if key is not None and key in fresh_keys:
+            picks.append(fresh_keys[key])  # the same key earlier in this call
+            continue
         if key is not None:
-            known[key] = task
-        new.append(task)
-        results.append((task, True))
+            fresh_keys[key] = len(new)
+        picks.append(len(new))
+        new.append(
+            Task(
+                queue=queue,
+                payload=spec.payload,
+                priority=spec.priority,
+                scheduled_at=_due_time(spec, now),
+                max_retries=queue.max_retries if spec.max_retries is None else spec.max_retries,
+                idempotency_key=key,
+            )
+        )
     # Due tasks of a running queue go straight into the buffer when they fit:
     # no wait for the dispatcher's hop.  A batch that would overflow the
     # buffer (a backlog) is left to the dispatcher, which keeps hand-out order.
     due = sum(task.scheduled_at <= now for task in new)
     fast = not queue.paused and _buffer_has_room(queue, due)
-    buffered = transitions.create(new, now=now, buffer=fast)
+    stored = transitions.create(new, now=now, buffer=fast)
+    buffered = [task for task in stored if task.status == TaskStatus.CLAIMED]
     if buffered:
         transaction.on_commit(lambda: _push_buffered(queue, buffered))
-    for task, _ in results:
-        task.queue = queue  # serializers read the name; spare them a query each
-    return [Enqueued(task, created) for task, created in results]
+    results = []
+    seen: set[int] = set()
+    for pick in picks:
+        if isinstance(pick, int):
+            results.append(Enqueued(stored[pick], created=pick not in seen))
+            seen.add(pick)
+        else:
+            pick.queue = queue  # serializers read the name; spare them a query each
+            results.append(Enqueued(pick, created=False))
+    return results
 
 
 def _buffer_has_room(queue: Queue, count: int) -> bool:
@@ -145,3 +173,108 @@ def _due_time(spec: TaskSpec, now: datetime) -> datetime:
     if spec.scheduled_at is not None and spec.scheduled_at > now:
         return spec.scheduled_at
     return now
+
+
+def get_task(task_id: Any, *, queue: Queue | None = None, lock: bool = False) -> Task:
+    """The task of that id (in `queue`, when given); `lock` takes its row lock
+    (inside atomic()).
+
+    Raises:
+        UnknownTask: no such task (in this queue).
+    """
+    tasks = Task.objects.filter(pk=task_id)
+    if queue is not None:
+        tasks = tasks.filter(queue=queue)
+    else:
+        tasks = tasks.select_related("queue")
+    if lock:
+        tasks = tasks.select_for_update(no_key=True, of=("self",))
+    task = tasks.first()
+    if task is None:
+        raise UnknownTask()
+    if queue is not None:
+        task.queue = queue
+    return task
+
+
+def cancel(task_id: Any, *, queue: Queue | None = None) -> Task:
+    """Cancel one pending, claimed or retry task (of `queue`, when given).
+
+    Raises:
+        UnknownTask: no such task (in this queue).
+        InvalidTransition: the task is executing or finished.
+    """
+    with transaction.atomic():
+        task = get_task(task_id, queue=queue, lock=True)
+        transitions.cancel([task])
+    return task
+
+
+def cancel_many(task_ids: Sequence[Any]) -> int:
+    """Cancel the cancellable ones among `task_ids` (any queues); others are skipped.
+
+    Returns how many were cancelled, in batches of short transactions.
+    """
+    cancelled = 0
+    for start in range(0, len(task_ids), CANCEL_BATCH):
+        with transaction.atomic():
+            batch = list(
+                # Lock order: by id, as every multi-row lock of tasks.
+                Task.objects.cancellable()
+                .select_for_update(no_key=True, of=("self",))
+                .select_related("queue")
+                .filter(pk__in=task_ids[start : start + CANCEL_BATCH])
+                .order_by("id")
+            )
+            transitions.cancel(batch)
+        cancelled += len(batch)
+    return cancelled
+
+
+def purge_queue(queue: Queue) -> int:
+    """Cancel every pending, claimed and retry task of the queue; return how many.
+
+    Works in batches of short transactions so a large purge does not hold a
+    lock on every task of a big queue at once.
+    """
+    cancelled = 0
+    while True:
+        with transaction.atomic():
+            batch = list(
+                # Lock order: by id, so two purges cannot deadlock.
+                Task.objects.cancellable()
+                .select_for_update()
+                .filter(queue=queue)
+                .order_by("id")[:PURGE_BATCH]
+            )
+            for task in batch:
+                task.queue = queue
+            transitions.cancel(batch)
+        cancelled += len(batch)
+        if len(batch) < PURGE_BATCH:
+            return cancelled
+
+
+def delete_queue(queue: Queue) -> None:
+    """Delete a queue with no live task; its done and cancelled tasks go with it.
+
+    Raises:
+        QueueNotEmpty: a live task (lifecycle.LIVE) remains.
+    """
+    with transaction.atomic():
+        # Lock the queue first (lock order: queue, then tasks) so no enqueue
+        # slips in between the check and the delete.
+        Queue.objects.select_for_update().get(pk=queue.pk)
+        if Task.objects.filter(queue=queue).live().exists():
+            raise QueueNotEmpty()
+        queue_id = queue.pk
+        queue.delete()
+        transaction.on_commit(lambda: _forget_buffer(queue_id))
+
+
+def _forget_buffer(queue_id: object) -> None:
+    """Drop the deleted queue's Redis keys (its token bucket); Redis down: they expire."""
+    try:
+        get_buffer().forget_queue(str(queue_id))
+    except RedisError:
+        logger.warning("queue.buffer_not_forgotten", extra={"queue_id": str(queue_id)})

@@ -2,10 +2,28 @@
 
 Each statement moves tasks and writes their events in one round trip: a CTE
 locks the rows, updates them guarded by their old status, and inserts one
-`tasks_taskevent` row per moved task.  Only `tasks.transitions` runs these.
+`tasks_taskevent` row per moved task.  Each is a `Statement` that declares
+the status edges it takes; `tasks.transitions` runs them (and nothing else
+does), and a test holds the declared edges to `tasks.lifecycle.ALLOWED` and
+to the events each statement writes.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from queues.notify import DISPATCH_CHANNEL
+from tasks.lifecycle import Edge
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One named statement and the status edges (from, to) it may take."""
+
+    name: str
+    edges: frozenset[Edge]
+    text: str
+
 
 # Columns of tasks_task selected back into Task instances (transitions._run).
 TASK_COLUMNS = """
@@ -22,7 +40,10 @@ TASK_COLUMNS = """
 # (NOTIFY, delivered on commit).  Params: queue_id, now, ids (uuid[]),
 # payloads (jsonb as text[]), priorities, scheduled (timestamptz[]),
 # max_retries, keys (text[], NULL for none), buffer (bool[]), notify (bool).
-CREATE = """
+CREATE = Statement(
+    "create",
+    frozenset({(None, "pending"), ("pending", "claimed")}),
+    f"""
 WITH new AS (
     INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at, attempts,
                             max_retries, idempotency_key, created_at, updated_at,
@@ -42,15 +63,19 @@ WITH new AS (
     SELECT id, %(queue_id)s, %(now)s, 'pending', 'claimed', 0 FROM new
     WHERE status = 'claimed'
 )
-SELECT pg_notify('taskforge_dispatch', %(queue_id)s::text) WHERE %(notify)s
-"""
+SELECT pg_notify('{DISPATCH_CHANNEL}', %(queue_id)s::text) WHERE %(notify)s
+""",
+)
 
 # -- buffer_due --
 # pending -> claimed for one batch of a queue's due tasks, in hand-out order
 # (task_pending_due_idx), skipping rows other dispatchers hold; only those
 # scoring below better_than (tasks.buffer.score) when it is given.  Params:
 # queue_id, now, limit, better_than (bigint or NULL).
-BUFFER_DUE = """
+BUFFER_DUE = Statement(
+    "buffer_due",
+    frozenset({("pending", "claimed")}),
+    """
 WITH picked AS (
     SELECT id, status_changed_at FROM tasks_task
     WHERE queue_id = %(queue_id)s AND status = 'pending' AND scheduled_at <= %(now)s
@@ -73,15 +98,19 @@ WITH picked AS (
 )
 SELECT id, priority, scheduled_at, attempts, previous_changed_at FROM moved
 ORDER BY priority, scheduled_at, id
-"""
+""",
+)
 
 # -- hand_out --
 # claimed -> executing for the ids a claim popped from the buffer.  Ids no
 # longer `claimed` (cancelled, or handed out through a duplicate buffer
 # entry) are skipped: the status guard is the fence; so are ids of a queue
-# paused meanwhile (the claim puts those back).  Also records that the
-# worker was seen.  Params: ids (uuid[]), worker_id, now.
-HAND_OUT = f"""
+# paused meanwhile (the claim puts those back).  Params: ids (uuid[]),
+# worker_id, now.
+HAND_OUT = Statement(
+    "hand_out",
+    frozenset({("claimed", "executing")}),
+    f"""
 WITH cur AS (
     SELECT id, status_changed_at FROM tasks_task
     WHERE id = ANY(%(ids)s) AND status = 'claimed'
@@ -104,13 +133,17 @@ WITH cur AS (
     SELECT id, queue_id, %(now)s, 'claimed', 'executing', %(worker_id)s, attempts FROM moved
 )
 SELECT * FROM moved
-"""
+""",
+)
 
 # -- ack --
 # executing -> done for the items of one worker, each guarded by holder and,
 # when given, attempt.  Params: worker_id, now, ids (uuid[]), attempts
 # (int[], NULL for "any"), results (jsonb[] as text[]; NULL for none).
-ACK = f"""
+ACK = Statement(
+    "ack",
+    frozenset({("executing", "done")}),
+    f"""
 WITH items AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(results)s::text[])
         AS i(id, attempt, result)
@@ -132,32 +165,5 @@ WITH items AS (
     SELECT id, queue_id, %(now)s, 'executing', 'done', %(worker_id)s, attempts FROM moved
 )
 SELECT * FROM moved
-"""
-
-# -- heartbeat --
-# Extend the lease of tasks the worker holds.  Params: worker_id, now, ids
-# (uuid[]), attempts (int[], NULL for "any").
-HEARTBEAT = """
-WITH items AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS i(id, attempt)
+""",
 )
-UPDATE tasks_task t SET heartbeat_at = %(now)s
-FROM items i
-WHERE t.id = i.id AND t.status = 'executing' AND t.claimed_by = %(worker_id)s
-  AND (i.attempt IS NULL OR t.attempts = i.attempt)
-RETURNING t.id, t.heartbeat_at
-"""
-
-# -- seen --
-# Upsert the worker's last_seen_at, at most once a second per worker.
-WORKER_SEEN = """
-INSERT INTO workers_worker (worker_id, last_seen_at) VALUES (%(worker_id)s, %(now)s)
-ON CONFLICT (worker_id) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at
-WHERE workers_worker.last_seen_at < EXCLUDED.last_seen_at - interval '1 second'
-"""
-
-# -- notify --
-# Wake the dispatchers (LISTEN taskforge_dispatch): delivered on commit, so a
-# dispatcher never looks before the task is visible.
-NOTIFY_DISPATCH = "SELECT pg_notify('taskforge_dispatch', %(queue_id)s)"
-DISPATCH_CHANNEL = "taskforge_dispatch"

@@ -1,17 +1,19 @@
-"""Every change of a task's status goes through this module.
+"""Every change of a task's status goes through this module, each move one way.
 
-The lifecycle (API.md, "Task status"):
+The lifecycle and its one table of moves live in `tasks.lifecycle`.  Each
+verb here is the only implementation of the moves it declares (`@verb`); a
+test holds every declared edge to `lifecycle.ALLOWED`, and every allowed edge
+to a verb.  The hot verbs (`create`, `buffer_due`, `hand_out`, `ack`) run one
+statement of `tasks.sql` each, which locks the rows, writes the new status
+guarded by the old one and inserts the events in one round trip; the others
+take rows the caller has locked inside `transaction.atomic()`, check each
+move against their edges, write it guarded by the old status
+(`UPDATE ... WHERE status = <from>`) and add one `TaskEvent` per task.
+Either way one JSON line per task is logged once the transaction commits.
+Nothing else in TaskForge writes `Task.status` (a test walks the tree).
 
-    (new) ─> pending ─> claimed ─> executing ─> done
-               ^  │        │           ├──────> retry ─> pending (when due)
-               │  │        └─> pending └──────> dead ──> pending (replay)
-               │  └──────> cancelled  (also from claimed and retry)
-
-Each verb takes rows the caller has locked inside `transaction.atomic()`,
-checks every move against `ALLOWED`, writes the new status guarded by the old
-one (`UPDATE ... WHERE status = <from>`), adds one `TaskEvent` per task in the
-same transaction, and logs one JSON line per task once the transaction commits.
-Nothing else in TaskForge writes `Task.status`.
+Apps above `tasks` keep their own records of a move through `tasks.signals`
+(the dead-letter queue's entries), sent inside the mover's transaction.
 """
 
 from __future__ import annotations
@@ -20,19 +22,19 @@ import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
-from dlq.models import DeadLetterTask
 from queues import lookup
 from queues.models import Queue
+from queues.notify import wake_dispatchers
 from taskforge import metrics
 from taskforge.lib import jsonutil, pg
-from tasks import sql
+from tasks import signals, sql
 from tasks.exceptions import InvalidTransition
+from tasks.lifecycle import Edge
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.retry import next_attempt_at
 
@@ -40,55 +42,61 @@ logger = logging.getLogger("taskforge.transitions")
 
 S = TaskStatus
 
-ALLOWED: dict[str | None, frozenset[str]] = {
-    None: frozenset({S.PENDING}),
-    S.PENDING: frozenset({S.CLAIMED, S.CANCELLED}),
-    S.CLAIMED: frozenset({S.EXECUTING, S.PENDING, S.CANCELLED}),
-    S.EXECUTING: frozenset({S.DONE, S.RETRY, S.DEAD}),
-    S.RETRY: frozenset({S.PENDING, S.CANCELLED}),
-    S.DEAD: frozenset({S.PENDING}),
-    S.DONE: frozenset(),
-    S.CANCELLED: frozenset(),
-}
-
 LEASE_EXPIRED_ERROR = "lease expired: no heartbeat within the heartbeat timeout"
 
-# Per-task field values for one transition, computed from the locked row.
-Changes = Callable[[Task], dict[str, Any]]
+# Every verb of this module and the edges it may take (the test reads this).
+VERBS: dict[str, frozenset[Edge]] = {}
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def is_allowed(from_status: str | None, to_status: str) -> bool:
-    return to_status in ALLOWED.get(from_status, frozenset())
+def verb(edges: Iterable[Edge]) -> Callable[[F], F]:
+    """Declare a function as the implementation of these moves."""
+
+    def register(function: F) -> F:
+        VERBS[function.__name__] = frozenset(edges)
+        return function
+
+    return register
 
 
+_UNBUFFER: frozenset[Edge] = frozenset({(S.CLAIMED, S.PENDING)})
+_PROMOTE: frozenset[Edge] = frozenset({(S.RETRY, S.PENDING)})
+_RETRY: frozenset[Edge] = frozenset({(S.EXECUTING, S.RETRY)})
+_DEAD: frozenset[Edge] = frozenset({(S.EXECUTING, S.DEAD)})
+_CANCEL: frozenset[Edge] = frozenset((s, S.CANCELLED) for s in (S.PENDING, S.CLAIMED, S.RETRY))
+_REPLAY: frozenset[Edge] = frozenset({(S.DEAD, S.PENDING)})
+
+
+@verb(sql.CREATE.edges)
 def create(
     tasks: Sequence[Task], *, now: datetime | None = None, buffer: bool = False
 ) -> list[Task]:
-    """Insert new tasks as `pending` (the transition from nothing).
+    """Insert new tasks as `pending` (the move from nothing); return them as stored.
 
     One statement per queue writes the tasks and their events.  With
     `buffer`, tasks already due go on to `claimed` in the same statement
-    (the caller pushes them to Redis after commit); otherwise due tasks wake
-    the dispatchers (NOTIFY, on commit).  The tasks are left as enqueued
-    (`pending`: what API.md says an enqueue answers); returns those that went
-    on to `claimed`, for the caller to push.  Caller contract: the
-    tasks are unsaved and carry their queue, payload, priority, scheduled_at,
+    (the caller pushes those to Redis after commit); otherwise due tasks wake
+    the dispatchers (NOTIFY, on commit).  Returns new instances in the order
+    given, each with the status its row has.  Caller contract: the tasks are
+    unsaved and carry their queue, payload, priority, scheduled_at,
     max_retries and idempotency key; inside `atomic()` when several
     statements must stand or fall together.
 
     Raises:
-        IntegrityError: an idempotency key already exists in the queue.
+        IntegrityError: an idempotency key already exists in the queue, or the
+            queue is gone.
     """
     now = now or timezone.now()
     by_queue: dict[Any, list[Task]] = {}
     for task in tasks:
         by_queue.setdefault(task.queue_id, []).append(task)
-    buffered: list[Task] = []
+    buffered: set[Any] = set()
     with connection.cursor() as cursor:
         for queue_id, group in by_queue.items():
             flags = [buffer and task.scheduled_at <= now for task in group]
             cursor.execute(
-                sql.CREATE,
+                sql.CREATE.text,
                 {
                     "queue_id": queue_id,
                     "now": now,
@@ -105,23 +113,42 @@ def create(
                     ),
                 },
             )
-            buffered += [task for task, flag in zip(group, flags, strict=True) if flag]
-    for task in tasks:
-        task.status = S.PENDING
-        task.attempts = 0
-        task.created_at = task.updated_at = task.status_changed_at = now
-        task._state.adding = False
-        task._state.db = "default"
-    _log_on_commit("task.created", tasks, [None] * len(tasks), [None] * len(tasks), None)
-    if buffered:
-        buffered_lines = [
-            _line(task.pk, task.queue.name, None, S.PENDING, S.CLAIMED, 0, timedelta(0))
-            for task in buffered
-        ]
-        transaction.on_commit(lambda: _log("task.buffered", buffered_lines))
-    return buffered
+            buffered.update(task.pk for task, flag in zip(group, flags, strict=True) if flag)
+    stored = [
+        _as_stored(task, S.CLAIMED if task.pk in buffered else S.PENDING, now) for task in tasks
+    ]
+    created = [_line(t.pk, t.queue.name, None, None, S.PENDING, 0, None) for t in stored]
+    moved = [
+        _line(t.pk, t.queue.name, None, S.PENDING, S.CLAIMED, 0, timedelta(0))
+        for t in stored
+        if t.status == S.CLAIMED
+    ]
+    transaction.on_commit(lambda: _log("task.created", created))
+    if moved:
+        transaction.on_commit(lambda: _log("task.buffered", moved))
+    return stored
 
 
+def _as_stored(task: Task, status: str, now: datetime) -> Task:
+    """The instance the CREATE statement wrote for `task`, as a query would load it."""
+    values = {
+        **{field.attname: getattr(task, field.attname) for field in _FIELDS},
+        "status": status,
+        "attempts": 0,
+        "created_at": now,
+        "updated_at": now,
+        "status_changed_at": now,
+    }
+    stored = Task.from_db(connection.alias, _ATTNAMES, [values[name] for name in _ATTNAMES])
+    stored.queue = task.queue
+    return stored
+
+
+_FIELDS = Task._meta.concrete_fields
+_ATTNAMES = [field.attname for field in _FIELDS]
+
+
+@verb(sql.BUFFER_DUE.edges)
 def buffer_due(
     queue: Queue, *, limit: int, better_than: int | None = None, now: datetime | None = None
 ) -> list[tuple[str, int, datetime]]:
@@ -136,7 +163,7 @@ def buffer_due(
     now = now or timezone.now()
     with pg.cursor() as cursor:
         cursor.execute(
-            sql.BUFFER_DUE,
+            sql.BUFFER_DUE.text,
             {"queue_id": queue.id, "now": now, "limit": limit, "better_than": better_than},
         )
         rows = cursor.fetchall()
@@ -150,64 +177,54 @@ def buffer_due(
     ]
 
 
-def buffer(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
-    """pending -> claimed: the dispatcher put the tasks into the dispatch buffer."""
-    _move(tasks, S.CLAIMED, verb="buffered", now=now)
-
-
+@verb(_UNBUFFER)
 def unbuffer(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
-    """claimed -> pending: back out of the buffer (queue paused, shutdown, lost push)."""
-    _move(tasks, S.PENDING, verb="unbuffered", now=now)
+    """claimed -> pending: back out of the buffer (queue paused, shutdown, lost push).
+
+    Raises:
+        InvalidTransition: a task is not claimed.
+    """
+    _move(tasks, S.PENDING, _UNBUFFER, event="unbuffered", now=now)
 
 
+@verb(_PROMOTE)
 def promote(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
-    """retry -> pending: the scheduler found the next attempt due."""
-    _move(tasks, S.PENDING, verb="promoted", now=now)
+    """retry -> pending: the scheduler found the next attempt due.
+
+    Raises:
+        InvalidTransition: a task is not waiting for a retry.
+    """
+    _move(tasks, S.PENDING, _PROMOTE, event="promoted", now=now)
 
 
-def hand_out(tasks: Sequence[Task], *, worker_id: str, now: datetime | None = None) -> None:
-    """claimed -> executing: a worker claimed the tasks; its lease starts now."""
-    now = now or timezone.now()
-    _move(
-        tasks,
-        S.EXECUTING,
-        verb="handed_out",
-        now=now,
-        worker_id=worker_id,
-        changes=lambda t: {
-            "attempts": t.attempts + 1,
-            "claimed_by": worker_id,
-            "claimed_at": now,
-            "heartbeat_at": now,
-        },
-    )
-
-
-def hand_out_ids(
+@verb(sql.HAND_OUT.edges)
+def hand_out(
     ids: Sequence[str],
     *,
     worker_id: str,
-    queues: dict[Any, Queue],
+    queues: dict[Any, Queue] | None = None,
     now: datetime | None = None,
 ) -> list[Task]:
     """claimed -> executing for buffered ids a claim popped, in one statement.
 
-    Ids that are no longer `claimed` are skipped (the status guard is the
-    fence against duplicates in the buffer).  Returns the handed-out tasks in
-    the order of `ids`.  Caller contract: autocommit or inside `atomic()`;
-    `queues` maps queue ids to queues (for names in log lines).
+    The attempt counts up and the lease starts now.  Ids that are no longer
+    `claimed` are skipped (the status guard is the fence against duplicates
+    in the buffer), and so are ids of a paused queue.  Returns the handed-out
+    tasks in the order of `ids`.  Caller contract: autocommit or inside
+    `atomic()`; `queues` maps queue ids to queues (for names in log lines).
     """
     if not ids:
         return []
     now = now or timezone.now()
-    moved = _run(sql.HAND_OUT, {"ids": list(ids), "worker_id": worker_id, "now": now}, queues)
+    moved = _run(sql.HAND_OUT.text, {"ids": list(ids), "worker_id": worker_id, "now": now}, queues)
     order = {str(task_id): index for index, task_id in enumerate(ids)}
     moved.sort(key=lambda task: order[str(task.pk)])
-    _log_rows(moved, S.CLAIMED, verb="handed_out", now=now, worker_id=worker_id)
+    _log_rows(moved, S.CLAIMED, event="handed_out", now=now, worker_id=worker_id)
     return moved
 
 
-def ack_many(
+@verb(sql.ACK.edges)
+def ack(
     items: Sequence[tuple[str, int | None, str | None]],
     *,
     worker_id: str,
@@ -230,24 +247,12 @@ def ack_many(
         "attempts": [item[1] for item in items],
         "results": [item[2] for item in items],
     }
-    moved = _run(sql.ACK, params, queues)
-    _log_rows(moved, S.EXECUTING, verb="acked", now=now, worker_id=worker_id)
+    moved = _run(sql.ACK.text, params, queues)
+    _log_rows(moved, S.EXECUTING, event="acked", now=now, worker_id=worker_id)
     return moved
 
 
-def ack(task: Task, *, result: Any = None, now: datetime | None = None) -> None:
-    """executing -> done: the worker finished the task."""
-    now = now or timezone.now()
-    _move(
-        [task],
-        S.DONE,
-        verb="acked",
-        now=now,
-        worker_id=task.claimed_by,
-        changes={"result": result, "finished_at": now},
-    )
-
-
+@verb(_RETRY | _DEAD)
 def fail(
     task: Task,
     *,
@@ -258,12 +263,26 @@ def fail(
 ) -> None:
     """executing -> retry, or -> dead once attempts are spent or `retry` is False.
 
-    A dead task gets its dead-letter entry in the same transaction.
+    A retry is due after the backoff (`tasks.retry`) or `retry_after_seconds`.
+    Caller contract: holds the row lock inside `atomic()`.
+
+    Raises:
+        InvalidTransition: the task is not executing.
     """
     now = now or timezone.now()
     exhausted = task.attempts >= task.max_retries + 1
     if not retry or exhausted:
-        _dead_letter([task], error=error, now=now)
+        _move(
+            [task],
+            S.DEAD,
+            _DEAD,
+            event="dead_lettered",
+            now=now,
+            worker_id=task.claimed_by,
+            error=error,
+            changes={"last_error": error, "finished_at": now},
+        )
+        signals.dead_lettered.send(sender=Task, tasks=[task], error=error, now=now)
         return
     if retry_after_seconds is not None:
         due = now + timedelta(seconds=retry_after_seconds)
@@ -272,7 +291,8 @@ def fail(
     _move(
         [task],
         S.RETRY,
-        verb="failed",
+        _RETRY,
+        event="failed",
         now=now,
         worker_id=task.claimed_by,
         error=error,
@@ -280,23 +300,33 @@ def fail(
     )
 
 
+@verb(_RETRY | _DEAD)
 def expire_lease(task: Task, *, now: datetime | None = None) -> None:
-    """executing -> retry or dead: the worker stopped heartbeating (the watchdog)."""
+    """executing -> retry or dead: the worker stopped heartbeating (the watchdog).
+
+    The same rule as a nack; caller contract as `fail`.
+    """
     fail(task, error=LEASE_EXPIRED_ERROR, now=now)
 
 
+@verb(_CANCEL)
 def cancel(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
     """pending, claimed or retry -> cancelled.
+
+    Caller contract: holds the row locks inside `atomic()`.
 
     Raises:
         InvalidTransition: a task is executing or already finished.
     """
     now = now or timezone.now()
-    _move(tasks, S.CANCELLED, verb="cancelled", now=now, changes={"finished_at": now})
+    _move(tasks, S.CANCELLED, _CANCEL, event="cancelled", now=now, changes={"finished_at": now})
 
 
+@verb(_REPLAY)
 def replay(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
-    """dead -> pending with a fresh attempt budget; the DLQ entry records the replay.
+    """dead -> pending with a fresh attempt budget, due now.
+
+    Caller contract: holds the row locks inside `atomic()`.
 
     Raises:
         InvalidTransition: a task is not dead.
@@ -305,50 +335,28 @@ def replay(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
     _move(
         tasks,
         S.PENDING,
-        verb="replayed",
+        _REPLAY,
+        event="replayed",
         now=now,
         changes={"attempts": 0, "finished_at": None, "scheduled_at": now},
     )
-    DeadLetterTask.objects.filter(task__in=[t.pk for t in tasks]).update(
-        replayed_at=now, replay_count=F("replay_count") + 1
-    )
-
-
-def _dead_letter(tasks: Sequence[Task], *, error: str, now: datetime) -> None:
-    _move(
-        tasks,
-        S.DEAD,
-        verb="dead_lettered",
-        now=now,
-        worker_id=tasks[0].claimed_by if len(tasks) == 1 else None,
-        error=error,
-        changes={"last_error": error, "finished_at": now},
-    )
-    for task in tasks:
-        # One entry per task: a replayed task that dies again updates its entry.
-        DeadLetterTask.objects.update_or_create(
-            task=task,
-            defaults={
-                "queue_id": task.queue_id,
-                "payload": task.payload,
-                "last_error": error,
-                "attempts": task.attempts,
-                "died_at": now,
-            },
-        )
+    signals.replayed.send(sender=Task, tasks=tasks, now=now)
 
 
 def _move(
     tasks: Sequence[Task],
     to_status: str,
+    edges: frozenset[Edge],
     *,
-    verb: str,
+    event: str,
     now: datetime | None = None,
     worker_id: str | None = None,
     error: str | None = None,
-    changes: dict[str, Any] | Changes | None = None,
+    changes: dict[str, Any] | None = None,
 ) -> None:
-    """Move locked tasks to `to_status`, all or none.
+    """Move locked tasks to `to_status` along one of `edges`, all or none.
+
+    One guarded UPDATE per from-status writes the same values for every task.
 
     Raises:
         InvalidTransition: a task's status does not allow the move, or changed
@@ -358,57 +366,24 @@ def _move(
         return
     now = now or timezone.now()
     for task in tasks:
-        if not is_allowed(task.status, to_status):
+        if (task.status, to_status) not in edges:
             raise InvalidTransition(
                 f"Task {task.pk} is {task.status}; it cannot become {to_status}."
             )
     from_statuses: list[str | None] = [task.status for task in tasks]
     durations = [now - task.status_changed_at for task in tasks]
-    common = {"status": to_status, "updated_at": now, "status_changed_at": now}
-    if changes is None or isinstance(changes, dict):
-        # The same values for every task: one guarded UPDATE per from-status.
-        fields = {**common, **(changes or {})}
-        by_status: dict[str, list[Task]] = {}
-        for task in tasks:
-            by_status.setdefault(task.status, []).append(task)
-        for from_status, group in by_status.items():
-            ids = [task.pk for task in group]
-            updated = Task.objects.filter(pk__in=ids, status=from_status).update(**fields)
-            if updated != len(set(ids)):
-                raise InvalidTransition("A task changed status concurrently.")
-        for task in tasks:
-            for name, value in fields.items():
-                setattr(task, name, value)
-    else:
-        for task in tasks:
-            fields = {**common, **changes(task)}
-            updated = Task.objects.filter(pk=task.pk, status=task.status).update(**fields)
-            if updated != 1:
-                raise InvalidTransition(f"Task {task.pk} changed status concurrently.")
-            for name, value in fields.items():
-                setattr(task, name, value)
-    _record(
-        tasks,
-        from_statuses=from_statuses,
-        verb=verb,
-        now=now,
-        worker_id=worker_id,
-        error=error,
-        durations=durations,
-    )
-
-
-def _record(
-    tasks: Sequence[Task],
-    *,
-    from_statuses: Sequence[str | None],
-    verb: str,
-    now: datetime,
-    worker_id: str | None = None,
-    error: str | None = None,
-    durations: Iterable[timedelta | None] | None = None,
-) -> None:
-    """Write one event per task now, and one log line per task on commit."""
+    fields = {"status": to_status, "updated_at": now, "status_changed_at": now, **(changes or {})}
+    by_status: dict[str, list[Task]] = {}
+    for task in tasks:
+        by_status.setdefault(task.status, []).append(task)
+    for from_status, group in by_status.items():
+        ids = [task.pk for task in group]
+        updated = Task.objects.filter(pk__in=ids, status=from_status).update(**fields)
+        if updated != len(set(ids)):
+            raise InvalidTransition("A task changed status concurrently.")
+    for task in tasks:
+        for name, value in fields.items():
+            setattr(task, name, value)
     TaskEvent.objects.bulk_create(
         TaskEvent(
             task_id=task.pk,
@@ -422,10 +397,9 @@ def _record(
         )
         for task, from_status in zip(tasks, from_statuses, strict=True)
     )
-    durations = list(durations) if durations is not None else [None] * len(tasks)
-    _log_on_commit(f"task.{verb}", tasks, from_statuses, durations, worker_id)
-    if tasks and tasks[0].status == S.PENDING:
-        _wake_dispatchers(tasks, now)
+    _log_on_commit(f"task.{event}", tasks, from_statuses, durations, worker_id)
+    if to_status == S.PENDING:
+        wake_dispatchers({task.queue_id for task in tasks if task.scheduled_at <= now})
 
 
 def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) -> list[Task]:
@@ -484,11 +458,11 @@ def _row_layout(
 
 
 def _log_rows(
-    tasks: Sequence[Task], from_status: str, *, verb: str, now: datetime, worker_id: str | None
+    tasks: Sequence[Task], from_status: str, *, event: str, now: datetime, worker_id: str | None
 ) -> None:
     """Log lines for tasks moved by one SQL statement (it wrote their events)."""
     _log_on_commit(
-        f"task.{verb}",
+        f"task.{event}",
         tasks,
         [from_status] * len(tasks),
         [now - task.previous_changed_at for task in tasks],
@@ -531,15 +505,6 @@ def _line(
         "attempt": attempt,
         "duration_ms": None if duration is None else round(duration.total_seconds() * 1000, 3),
     }
-
-
-def _wake_dispatchers(tasks: Sequence[Task], now: datetime) -> None:
-    """NOTIFY the dispatchers of queues that got due pending tasks (sent on commit)."""
-    queue_ids = sorted({str(task.queue_id) for task in tasks if task.scheduled_at <= now})
-    if queue_ids:
-        with connection.cursor() as cursor:
-            for queue_id in queue_ids:
-                cursor.execute(sql.NOTIFY_DISPATCH, {"queue_id": queue_id})
 
 
 def _log(event: str, lines: list[dict[str, Any]]) -> None:

@@ -45,27 +45,28 @@ def test_transitions__one_json_line_per_transition_with_the_api_fields(
     caplog: pytest.LogCaptureFixture,
     django_capture_on_commit_callbacks: Callable[..., Any],
 ) -> None:
-    """Every verb, the SQL hot paths (hand_out_ids, ack_many) too: the lines tell
-    the same chain as the task's events, one line per event."""
+    """Every verb, the SQL hot paths (buffer_due, hand_out, ack) too: the lines
+    tell the same chain as the task's events, one line per event."""
     caplog.set_level(logging.INFO, logger="taskforge.transitions")
     queue = QueueFactory(name="logged", max_retries=1)
     with django_capture_on_commit_callbacks(execute=True):
         a = TaskFactory(queue=queue)
         with transaction.atomic():
-            transitions.buffer([a])
+            transitions.buffer_due(queue, limit=1)
+            a.refresh_from_db()
             transitions.unbuffer([a])
-            transitions.buffer([a])
-            transitions.hand_out([a], worker_id="w1")
-            transitions.fail(a, error="boom")
+            transitions.buffer_due(queue, limit=1)
+            [a] = transitions.hand_out([str(a.pk)], worker_id="w1")
+            transitions.fail(a, error="boom", retry_after_seconds=0)
             transitions.promote([a])
-            transitions.buffer([a])
-            transitions.hand_out([a], worker_id="w1")
+            transitions.buffer_due(queue, limit=1)
+            [a] = transitions.hand_out([str(a.pk)], worker_id="w1")
             transitions.fail(a, error="boom")  # attempts spent: dead
             transitions.replay([a])
             transitions.cancel([a])
         b = TaskFactory(queue=queue, status=S.CLAIMED)
-        transitions.hand_out_ids([str(b.pk)], worker_id="w2", queues={queue.pk: queue})
-        transitions.ack_many([(str(b.pk), 1, None)], worker_id="w2", queues={queue.pk: queue})
+        transitions.hand_out([str(b.pk)], worker_id="w2", queues={queue.pk: queue})
+        transitions.ack([(str(b.pk), 1, None)], worker_id="w2", queues={queue.pk: queue})
 
     lines = json_lines(caplog, "taskforge.transitions")
 

@@ -30,10 +30,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rest_framework import status
 from rest_framework.test import APIClient
 
+from dashboard import metrics as dashboard_metrics
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge import metrics, urls
-from taskforge.api import metrics as metrics_views
 from taskforge.api.models import ApiKey
 from tasks import transitions
 from tasks.dispatcher import DispatcherLoop
@@ -69,7 +69,7 @@ def scrape(client: Client, **headers: str) -> Samples:
 def depth(samples: Samples, queue: str) -> dict[str, float | None]:
     return {
         s: value(samples, "taskforge_queue_depth", queue=queue, status=s)
-        for s in metrics.DEPTH_STATUSES
+        for s in dashboard_metrics.DEPTH_STATUSES
     }
 
 
@@ -135,7 +135,7 @@ def test_metrics__enqueue_3_ack_2_dead_1(
     assert value(samples, "taskforge_tasks_completed_total", queue=q, status="dead") == 1
     assert value(samples, "taskforge_task_execution_duration_seconds_count", queue=q) == 2
     assert value(samples, "taskforge_task_execution_duration_seconds_bucket", queue=q, le="+Inf")
-    assert depth(samples, q) == dict.fromkeys(metrics.DEPTH_STATUSES, 0)
+    assert depth(samples, q) == dict.fromkeys(dashboard_metrics.DEPTH_STATUSES, 0)
     assert value(samples, "taskforge_dlq_depth", queue=q) == 1
 
 
@@ -148,8 +148,10 @@ def test_metrics__duration_is_claim_to_ack(
     claimed_at = timezone.now()
 
     with django_capture_on_commit_callbacks(execute=True):
-        transitions.hand_out([task], worker_id="w1", now=claimed_at)
-        transitions.ack(task, result=None, now=claimed_at + timedelta(seconds=1.5))
+        transitions.hand_out([str(task.pk)], worker_id="w1", now=claimed_at)
+        transitions.ack(
+            [(str(task.pk), None, None)], worker_id="w1", now=claimed_at + timedelta(seconds=1.5)
+        )
 
     samples = scrape(Client())
     histogram = "taskforge_task_execution_duration_seconds"
@@ -200,7 +202,7 @@ def test_metrics__depth_and_dlq_depth_by_live_status() -> None:
     }
     assert value(samples, "taskforge_dlq_depth", queue=queue.name) == 2
     # A queue without live tasks still has its series, at 0.
-    assert depth(samples, empty.name) == dict.fromkeys(metrics.DEPTH_STATUSES, 0)
+    assert depth(samples, empty.name) == dict.fromkeys(dashboard_metrics.DEPTH_STATUSES, 0)
     assert value(samples, "taskforge_dlq_depth", queue=empty.name) == 0
 
 
@@ -223,7 +225,7 @@ def test_metrics__counters_still_scrape_when_postgres_fails(
     def down() -> Any:
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(metrics.DatabaseGauges, "_read", staticmethod(down))
+    monkeypatch.setattr(dashboard_metrics.DatabaseGauges, "_read", staticmethod(down))
 
     response = client.get("/metrics")
 
@@ -249,7 +251,7 @@ def test_metrics__request_metrics_of_django_prometheus(client: Client) -> None:
 def test_metrics__one_route() -> None:
     routes = [p for p in urls.urlpatterns if "metrics" in str(getattr(p, "pattern", ""))]
     assert [str(p.pattern) for p in routes] == ["metrics"]
-    assert resolve("/metrics").func is metrics_views.metrics
+    assert resolve("/metrics").func is dashboard_metrics.metrics
 
 
 @pytest.mark.django_db

@@ -14,7 +14,7 @@ themselves.  Losing Redis loses only this history, never a lease.
 "The current attempt" is everything at or after the task's `claimed_at` (the
 hand-out that started the attempt), so no attempt number is stored.
 
-Writer: `workers.leases.heartbeat()` calls `record(ids, now)` for the ids whose
+Writer: `workers.protocol.heartbeat()` calls `record(ids, now)` for the ids whose
 lease it extended.  Reader: the dashboard's task page calls `history()`.
 """
 

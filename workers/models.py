@@ -13,15 +13,14 @@ from datetime import datetime, timedelta
 
 from django.db import models
 
-from taskforge.conf import conf
-from tasks.models import Task, TaskStatus
+from tasks.models import Task, TaskStatus, lease_timeout
 
 SEEN_WITHIN = timedelta(hours=1)
 
 
 def stale_before(now: datetime) -> datetime:
     """A worker last seen before this is stale."""
-    return now - timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
+    return now - lease_timeout()
 
 
 def current_tasks(worker_ids: Iterable[str]) -> dict[str, list[str]]:

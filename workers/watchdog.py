@@ -20,11 +20,10 @@ from django.utils import timezone
 from taskforge.conf import conf
 from taskforge.lib.loop import Loop
 from tasks import transitions
-from tasks.models import Task, TaskStatus
+from tasks.models import Task
 from tasks.reconcile import rebuffer_missing
 from workers.models import Worker
 
-S = TaskStatus
 BATCH = 200
 FORGET_WORKERS_AFTER = timedelta(days=1)
 
@@ -53,14 +52,13 @@ class WatchdogLoop(Loop):
     def expire_leases(self) -> bool:
         """Fail one batch of expired leases; True if the batch was full."""
         now = timezone.now()
-        cutoff = now - timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
         with transaction.atomic():
             # Uses task_executing_hb_idx; SKIP LOCKED so watchdogs share the work
             # and never wait on a worker's ack holding the row.
             tasks = list(
-                Task.objects.select_for_update(skip_locked=True, no_key=True, of=("self",))
+                Task.objects.lease_expired(now)
+                .select_for_update(skip_locked=True, no_key=True, of=("self",))
                 .select_related("queue")
-                .filter(status=S.EXECUTING, heartbeat_at__lt=cutoff)
                 .order_by("heartbeat_at")[:BATCH]
             )
             for task in tasks:

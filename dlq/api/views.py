@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from dlq import services
 from dlq.models import DeadLetterTask
-from queues.api.views import QueueLookupMixin
+from queues.api.lookup import QueueLookupMixin
 from taskforge.api.fields import (
     AnyJSONField,
     QuerySerializer,
@@ -25,10 +25,8 @@ from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import ADMIN
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, errors, page_of
 from taskforge.lib.timeutil import isoformat
-from tasks.api.serializers import TaskSerializer, task_to_dict
+from tasks.api.serializers import TaskIdField, TaskSerializer, task_to_dict
 from tasks.api.views import parse_task_id
-from tasks.models import TaskStatus
-from workers.api.serializers import TaskIdField
 
 
 class DeadLetterSerializer(serializers.Serializer):
@@ -91,11 +89,13 @@ class DlqListView(QueueLookupMixin, APIView):
         queue = self.get_queue()
         query = DlqQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        entries = DeadLetterTask.objects.filter(queue=queue, task__status=TaskStatus.DEAD)
-        if "died_after" in query.validated_data:
-            entries = entries.filter(died_at__gt=query.validated_data["died_after"])
-        if "died_before" in query.validated_data:
-            entries = entries.filter(died_at__lt=query.validated_data["died_before"])
+        entries = (
+            DeadLetterTask.objects.dead_now()
+            .filter(queue=queue)
+            .died_between(
+                query.validated_data.get("died_after"), query.validated_data.get("died_before")
+            )
+        )
         paginator = KeysetPaginator(request, ordering=["-died_at", "-task_id"])
         page = paginator.paginate(entries)
         for entry in page:

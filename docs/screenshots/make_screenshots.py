@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate the dashboard screenshots in this folder (PNG, 1280x800, plus a phone view).
 
-Runs the screenshot test of taskforge/dashboard/tests/test_browser.py, which
+Runs the screenshot test of dashboard/tests/test_browser.py, which
 starts the app on a live test server with a small demo world (test database)
 and photographs each page in headless Chromium (/usr/bin/chromium).
 
@@ -22,5 +22,5 @@ ROOT = Path(__file__).resolve().parents[2]
 
 if __name__ == "__main__":
     env = {**os.environ, "TASKFORGE_SCREENSHOTS": "1"}
-    test = "taskforge/dashboard/tests/test_browser.py::test_screenshots"
+    test = "dashboard/tests/test_browser.py::test_screenshots"
     sys.exit(subprocess.call([sys.executable, "-m", "pytest", "-q", test], cwd=ROOT, env=env))

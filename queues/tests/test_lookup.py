@@ -9,6 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from queues import lookup, services
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
+from tasks import services as task_services
 
 pytestmark = pytest.mark.django_db
 
@@ -28,7 +29,7 @@ def test_lookup__a_change_in_this_process_shows_at_once() -> None:
     assert lookup.by_name("q").rate_limit is None
     services.update_queue(Queue.objects.get(pk=queue.pk), rate_limit=5, paused=True)
     assert (lookup.by_name("q").rate_limit, lookup.by_name("q").paused) == (5, True)
-    services.delete_queue(Queue.objects.get(pk=queue.pk))
+    task_services.delete_queue(Queue.objects.get(pk=queue.pk))
     assert lookup.by_name("q") is None
     assert lookup.by_ids([queue.pk]) == {}
 

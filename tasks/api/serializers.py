@@ -19,7 +19,7 @@ from taskforge.conf import conf
 from taskforge.lib import jsonutil
 from taskforge.lib.timeutil import isoformat
 from tasks.models import Task, TaskEvent, TaskStatus
-from tasks.services import TaskSpec
+from tasks.services import Enqueued, TaskSpec
 
 MAX_BATCH = 1000
 # A delay that keeps scheduled_at far inside the year 9999.
@@ -36,6 +36,15 @@ def check_payload_size(value: Any, what: str = "payload") -> None:
     limit = conf.MAX_PAYLOAD_BYTES
     if json_size(value) > limit:
         raise PayloadTooLarge(f"The {what} is larger than {limit} bytes as JSON.")
+
+
+class TaskIdField(serializers.UUIDField):
+    """A task id in a body: a UUID string (a number or a list is refused)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return str(super().to_internal_value(data))
 
 
 def task_to_dict(task: Task) -> dict[str, Any]:
@@ -59,6 +68,21 @@ def task_to_dict(task: Task) -> dict[str, Any]:
         "updated_at": isoformat(task.updated_at),
         "finished_at": isoformat(task.finished_at),
     }
+
+
+def enqueued_to_dict(result: Enqueued) -> dict[str, Any]:
+    """An enqueue's answer for one task.
+
+    API.md: "An enqueue or a replay answers `pending`; a due task may read
+    `claimed` at any later moment."  A new due task may have gone on to
+    `claimed` in the enqueue's own statement (the fast path); the answer is
+    still the status it was enqueued with.  A task found by its idempotency
+    key answers as it is now.
+    """
+    body = task_to_dict(result.task)
+    if result.created:
+        body["status"] = TaskStatus.PENDING
+    return body
 
 
 class TaskSerializer(serializers.Serializer):

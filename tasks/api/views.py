@@ -5,26 +5,25 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import transaction
-from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queues.api.views import QueueLookupMixin
+from queues.api.lookup import QueueLookupMixin
 from queues.models import Queue
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import PRODUCER
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
-from tasks import services, transitions
+from tasks import services
 from tasks.api.serializers import (
     EnqueueBatchSerializer,
     EnqueueSerializer,
     TaskEventSerializer,
     TaskListQuerySerializer,
     TaskSerializer,
+    enqueued_to_dict,
     task_to_dict,
 )
 from tasks.models import Task, TaskEvent
@@ -46,19 +45,12 @@ def parse_task_id(raw: str) -> uuid.UUID:
     try:
         return uuid.UUID(raw)
     except ValueError as exc:
-        raise Http404("No such task in this queue.") from exc
+        raise services.UnknownTask() from exc
 
 
 class TaskLookupMixin(QueueLookupMixin):
-    def get_task(self, queue: Queue, *, lock: bool = False) -> Task:
-        queryset = Task.objects.filter(queue=queue, pk=parse_task_id(self.kwargs["task_id"]))
-        if lock:
-            queryset = queryset.select_for_update(no_key=True)
-        task = queryset.first()
-        if task is None:
-            raise Http404("No such task in this queue.")
-        task.queue = queue
-        return task
+    def get_task(self, queue: Queue) -> Task:
+        return services.get_task(parse_task_id(self.kwargs["task_id"]), queue=queue)
 
 
 class TaskListView(QueueLookupMixin, APIView):
@@ -112,7 +104,7 @@ class TaskListView(QueueLookupMixin, APIView):
         body.is_valid(raise_exception=True)
         [result] = services.enqueue(queue, [body.to_spec(body.validated_data)])
         return Response(
-            task_to_dict(result.task),
+            enqueued_to_dict(result),
             status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
         )
 
@@ -143,7 +135,7 @@ class TaskBatchView(QueueLookupMixin, APIView):
         results = services.enqueue(queue, specs)
         created = any(result.created for result in results)
         return Response(
-            {"results": [task_to_dict(result.task) for result in results]},
+            {"results": [enqueued_to_dict(result) for result in results]},
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
@@ -169,10 +161,7 @@ class TaskDetailView(TaskLookupMixin, APIView):
         tags=["tasks"],
     )
     def delete(self, request: Request, name: str, task_id: str) -> Response:
-        queue = self.get_queue()
-        with transaction.atomic():
-            task = self.get_task(queue, lock=True)
-            transitions.cancel([task])
+        task = services.cancel(parse_task_id(task_id), queue=self.get_queue())
         return Response(task_to_dict(task))
 
 

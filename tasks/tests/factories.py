@@ -1,8 +1,10 @@
-"""Tasks built the way TaskForge builds them: created, then walked through transitions.
+"""Tasks built the way TaskForge builds them: through the production verbs only.
 
-`TaskFactory(status="dead")` creates a pending task and moves it along the
-lifecycle (pending -> claimed -> executing -> ... -> dead), so every factory
-task has the event history a real one would.
+`TaskFactory(status="dead")` enqueues a task the way an enqueue does (straight
+into `claimed` when it is to go further, as the enqueue's fast path does),
+hands it out as a claim does and fails it as a nack does, so every factory
+task has the event history a real one would and no factory runs code that
+production does not.
 """
 
 from __future__ import annotations
@@ -19,28 +21,38 @@ from tasks.models import Task, TaskStatus
 
 S = TaskStatus
 
-# How to reach each status from pending, one transition verb at a time.
+# The steps after the enqueue to reach each status.
 _PATHS: dict[str, list[str]] = {
     S.PENDING: [],
-    S.CLAIMED: ["buffer"],
-    S.EXECUTING: ["buffer", "hand_out"],
-    S.DONE: ["buffer", "hand_out", "ack"],
-    S.RETRY: ["buffer", "hand_out", "fail"],
-    S.DEAD: ["buffer", "hand_out", "kill"],
+    S.CLAIMED: [],
+    S.EXECUTING: ["hand_out"],
+    S.DONE: ["hand_out", "ack"],
+    S.RETRY: ["hand_out", "fail"],
+    S.DEAD: ["hand_out", "kill"],
     S.CANCELLED: ["cancel"],
 }
+# Statuses reached through `claimed`: the enqueue buffers the task at once.
+_BUFFERED = {S.CLAIMED, S.EXECUTING, S.DONE, S.RETRY, S.DEAD}
 
 
 def walk(task: Task, to_status: str, *, worker_id: str = "worker-1") -> Task:
-    """Move a pending task to `to_status` through the transitions module."""
+    """Move a pending or claimed task to `to_status`; returns the task as its row now is.
+
+    A pending task is buffered as the dispatcher does (`buffer_due`): it must
+    be the first due task of its queue.
+    """
     with transaction.atomic():
+        if task.status == S.PENDING and to_status in _BUFFERED:
+            picked = transitions.buffer_due(task.queue, limit=1)
+            assert [row[0] for row in picked] == [str(task.pk)], "not the queue's next task"
+            task.refresh_from_db()
         for step in _PATHS[to_status]:
-            if step == "buffer":
-                transitions.buffer([task])
-            elif step == "hand_out":
-                transitions.hand_out([task], worker_id=worker_id)
+            if step == "hand_out":
+                [task] = transitions.hand_out([str(task.pk)], worker_id=worker_id)
             elif step == "ack":
-                transitions.ack(task, result={"ok": True})
+                [task] = transitions.ack(
+                    [(str(task.pk), None, '{"ok": true}')], worker_id=worker_id
+                )
             elif step == "fail":
                 transitions.fail(task, error="boom")
             elif step == "kill":
@@ -67,8 +79,11 @@ class TaskFactory(factory.django.DjangoModelFactory):
     def _create(cls, model_class: type[Task], *args: Any, **kwargs: Any) -> Task:
         status = kwargs.pop("status", S.PENDING)
         worker_id = kwargs.pop("worker_id", "worker-1")
-        kwargs.setdefault("scheduled_at", timezone.now())
-        task = model_class(*args, **kwargs)
+        now = timezone.now()
+        kwargs.setdefault("scheduled_at", now)
+        buffered = status in _BUFFERED
+        if buffered and kwargs["scheduled_at"] > now:
+            raise ValueError(f"A task due later cannot be {status} yet.")
         with transaction.atomic():
-            transitions.create([task])
+            [task] = transitions.create([model_class(*args, **kwargs)], now=now, buffer=buffered)
         return walk(task, status, worker_id=worker_id)

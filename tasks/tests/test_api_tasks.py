@@ -358,16 +358,15 @@ def test_enqueue__queue_deleted_meanwhile_is_404_not_500() -> None:
 
     Transactional: the foreign key is checked at commit, as in production.
     """
-    from django.http import Http404
-
+    from queues.exceptions import UnknownQueue
     from tasks.services import TaskSpec, enqueue
 
     gone = QueueFactory(name="gone")
     gone_copy = type(gone).objects.get(pk=gone.pk)
     gone.delete()
-    with pytest.raises(Http404):
+    with pytest.raises(UnknownQueue):
         enqueue(gone_copy, [TaskSpec(payload=1)])
-    with pytest.raises(Http404):
+    with pytest.raises(UnknownQueue):
         enqueue(gone_copy, [TaskSpec(payload=1, idempotency_key="k")])
     assert not Task.objects.exists()
 

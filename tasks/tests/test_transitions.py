@@ -4,34 +4,70 @@ import ast
 import itertools
 import json
 import logging
+import re
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.db import transaction
+from django.utils import timezone
 
 from dlq.models import DeadLetterTask
+from queues.tests.factories import QueueFactory
 from tasks import transitions
 from tasks.exceptions import InvalidTransition
+from tasks.lifecycle import is_allowed
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.tests.factories import TaskFactory
 
 S = TaskStatus
 ROOT = Path(__file__).resolve().parents[2]
 
-# The public verb that performs each allowed move.
-VERBS = {
-    (S.PENDING, S.CLAIMED): lambda t: transitions.buffer([t]),
-    (S.PENDING, S.CANCELLED): lambda t: transitions.cancel([t]),
-    (S.CLAIMED, S.EXECUTING): lambda t: transitions.hand_out([t], worker_id="w"),
-    (S.CLAIMED, S.PENDING): lambda t: transitions.unbuffer([t]),
-    (S.CLAIMED, S.CANCELLED): lambda t: transitions.cancel([t]),
-    (S.EXECUTING, S.DONE): lambda t: transitions.ack(t, result=1),
-    (S.EXECUTING, S.RETRY): lambda t: transitions.fail(t, error="e"),
-    (S.EXECUTING, S.DEAD): lambda t: transitions.fail(t, error="e", retry=False),
-    (S.RETRY, S.PENDING): lambda t: transitions.promote([t]),
-    (S.RETRY, S.CANCELLED): lambda t: transitions.cancel([t]),
-    (S.DEAD, S.PENDING): lambda t: transitions.replay([t]),
+
+def _buffer(task: Task) -> None:
+    transitions.buffer_due(task.queue, limit=1)
+
+
+def _hand_out(task: Task) -> None:
+    transitions.hand_out([str(task.pk)], worker_id="w")
+
+
+def _ack(task: Task) -> None:
+    transitions.ack([(str(task.pk), None, "1")], worker_id=task.claimed_by or "w")
+
+
+# Each verb of tasks.transitions, called on one task as production calls it.
+CALLS: dict[str, Callable[[Task], object]] = {
+    "buffer_due": _buffer,
+    "unbuffer": lambda t: transitions.unbuffer([t]),
+    "promote": lambda t: transitions.promote([t]),
+    "hand_out": _hand_out,
+    "ack": _ack,
+    "fail": lambda t: transitions.fail(t, error="e"),
+    "expire_lease": lambda t: transitions.expire_lease(t),
+    "cancel": lambda t: transitions.cancel([t]),
+    "replay": lambda t: transitions.replay([t]),
 }
+
+# The verb that takes each allowed move (besides create's None -> pending).
+MOVES: dict[tuple[str, str], Callable[[Task], object]] = {
+    (S.PENDING, S.CLAIMED): _buffer,
+    (S.PENDING, S.CANCELLED): CALLS["cancel"],
+    (S.CLAIMED, S.EXECUTING): _hand_out,
+    (S.CLAIMED, S.PENDING): CALLS["unbuffer"],
+    (S.CLAIMED, S.CANCELLED): CALLS["cancel"],
+    (S.EXECUTING, S.DONE): _ack,
+    (S.EXECUTING, S.RETRY): CALLS["fail"],
+    (S.EXECUTING, S.DEAD): lambda t: transitions.fail(t, error="e", retry=False),
+    (S.RETRY, S.PENDING): CALLS["promote"],
+    (S.RETRY, S.CANCELLED): CALLS["cancel"],
+    (S.DEAD, S.PENDING): CALLS["replay"],
+}
+
+
+def test_verbs__every_call_here_is_a_verb_of_the_module() -> None:
+    assert set(CALLS) == set(transitions.VERBS) - {"create"}
 
 
 @pytest.mark.django_db
@@ -39,24 +75,35 @@ VERBS = {
 def test_move__every_pair_is_allowed_or_refused_as_the_table_says(
     from_status: str, to_status: str
 ) -> None:
+    """An allowed pair moves through its verb with one event; any verb that could
+    reach `to_status` refuses (InvalidTransition) or skips a task in another status."""
     task = TaskFactory(status=from_status)
     events_before = TaskEvent.objects.filter(task=task).count()
-    allowed = (from_status, to_status) in VERBS
-    assert transitions.is_allowed(from_status, to_status) == allowed
+    allowed = (from_status, to_status) in MOVES
+    assert is_allowed(from_status, to_status) == allowed
     if allowed:
         with transaction.atomic():
-            VERBS[(from_status, to_status)](task)
+            MOVES[(from_status, to_status)](task)
         task.refresh_from_db()
         assert task.status == to_status
         events = list(TaskEvent.objects.filter(task=task).order_by("id"))
         assert len(events) == events_before + 1
         assert (events[-1].from_status, events[-1].to_status) == (from_status, to_status)
-    else:
-        with pytest.raises(InvalidTransition), transaction.atomic():
-            transitions._move([task], to_status, verb="test")
+        return
+    reaching = [
+        name
+        for name, edges in transitions.VERBS.items()
+        if name in CALLS and any(to == to_status for _, to in edges)
+    ]
+    for name in reaching:
+        try:
+            with transaction.atomic():
+                CALLS[name](Task.objects.select_related("queue").get(pk=task.pk))
+        except InvalidTransition:
+            pass
         task.refresh_from_db()
-        assert task.status == from_status
-        assert TaskEvent.objects.filter(task=task).count() == events_before
+        assert task.status == from_status, name
+        assert TaskEvent.objects.filter(task=task).count() == events_before, name
 
 
 @pytest.mark.django_db
@@ -66,8 +113,31 @@ def test_move__refuses_a_row_whose_status_changed_under_it() -> None:
     with transaction.atomic():
         transitions.cancel([task])
     with pytest.raises(InvalidTransition), transaction.atomic():
-        transitions.buffer([stale])
+        transitions.cancel([stale])
     assert Task.objects.get(pk=task.pk).status == S.CANCELLED
+
+
+@pytest.mark.django_db
+def test_create__returns_the_tasks_as_their_rows_are() -> None:
+    """Regression for issue 9: create answered `pending` for a row it had made `claimed`."""
+    queue = QueueFactory()
+    now = timezone.now()
+    due = Task(queue=queue, payload=1, priority=5, scheduled_at=now, max_retries=3)
+    later = Task(
+        queue=queue, payload=2, priority=5, scheduled_at=now + timedelta(hours=1), max_retries=3
+    )
+    with transaction.atomic():
+        stored = transitions.create([due, later], now=now, buffer=True)
+    assert [t.pk for t in stored] == [due.pk, later.pk]
+    for task in stored:
+        row = Task.objects.get(pk=task.pk)
+        assert (task.status, task.attempts, task.created_at) == (
+            row.status,
+            row.attempts,
+            row.created_at,
+        )
+        assert not task._state.adding
+    assert [t.status for t in stored] == [S.CLAIMED, S.PENDING]
 
 
 @pytest.mark.django_db
@@ -108,7 +178,7 @@ def test_fail__retry_after_overrides_the_backoff() -> None:
 
 
 @pytest.mark.django_db
-def test_replay__resets_attempts_and_counts_the_replay() -> None:
+def test_replay__resets_attempts_and_the_dlq_entry_counts_the_replay() -> None:
     task = TaskFactory(status=S.DEAD)
     with transaction.atomic():
         transitions.replay([task])
@@ -174,7 +244,24 @@ def _writes_status(node: ast.AST) -> bool:
 
 
 # The server's code: the SDK (taskforge_client) has an HTTP `status` of its own.
-SERVER_PACKAGES = ("taskforge", "queues", "tasks", "workers", "dlq")
+SERVER_PACKAGES = ("taskforge", "queues", "tasks", "workers", "dlq", "dashboard")
+
+# SQL that writes a task's status: an INSERT of tasks, or an UPDATE of them
+# whose SET names status.
+_SQL_STATUS_WRITE = re.compile(
+    r"INSERT\s+INTO\s+tasks_task\s*\("
+    r"|UPDATE\s+tasks_task\b(?:(?!\bSET\b).)*\bSET\b"
+    r"(?:(?!\bWHERE\b|\bFROM\b|\bRETURNING\b).)*?\bstatus\s*=",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _sql_writes_status(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and bool(_SQL_STATUS_WRITE.search(node.value))
+    )
 
 
 def test_status_is_written_only_by_the_transitions_module() -> None:
@@ -186,8 +273,20 @@ def test_status_is_written_only_by_the_transitions_module() -> None:
         parts = set(rel.parts)
         if parts & {".venv", "migrations", "tests", "build"} or rel.name == "conftest.py":
             continue
-        if str(rel) == "tasks/transitions.py":
+        if str(rel) in ("tasks/transitions.py", "tasks/sql.py"):
             continue
         tree = ast.parse(path.read_text(), filename=str(rel))
-        offenders += [f"{rel}:{n.lineno}" for n in ast.walk(tree) if _writes_status(n)]
+        offenders += [
+            f"{rel}:{n.lineno}"
+            for n in ast.walk(tree)
+            if _writes_status(n) or _sql_writes_status(n)
+        ]
     assert offenders == []
+
+
+def test_status_guard__sees_status_writes_inside_sql_strings() -> None:
+    """The guard above would catch a status UPDATE hidden in a SQL string."""
+    tree = ast.parse('Q = """UPDATE tasks_task t\n SET heartbeat_at = now(), status = \'done\'"""')
+    assert any(_sql_writes_status(n) for n in ast.walk(tree))
+    tree = ast.parse("Q = \"UPDATE tasks_task SET heartbeat_at = now() WHERE status = 'x'\"")
+    assert not any(_sql_writes_status(n) for n in ast.walk(tree))

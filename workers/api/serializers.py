@@ -14,7 +14,7 @@ from taskforge.api.fields import (
     StrictSerializer,
     TimeField,
 )
-from tasks.api.serializers import TaskSerializer, check_payload_size
+from tasks.api.serializers import TaskIdField, TaskSerializer, check_payload_size
 
 WORKER_ID = r"^[A-Za-z0-9._:@-]{1,200}$"
 MAX_BATCH = 100
@@ -24,13 +24,6 @@ class WorkerIdField(StrictCharField):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(max_length=200, **kwargs)
         self.validators.append(RegexValidator(WORKER_ID, "1 to 200 of A-Z a-z 0-9 . _ : @ -"))
-
-
-class TaskIdField(serializers.UUIDField):
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid", value=data)
-        return str(super().to_internal_value(data))
 
 
 class AttemptField(StrictIntegerField):

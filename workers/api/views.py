@@ -16,9 +16,8 @@ from taskforge.api.permissions import ADMIN, WORKER
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
 from taskforge.lib.timeutil import isoformat
 from tasks.api.serializers import task_to_dict
-from tasks.claiming import ClaimRequest, claim
 from tasks.models import Task, TaskStatus
-from workers import leases
+from workers import protocol as leases
 from workers.api.serializers import (
     AckBatchSerializer,
     AckSerializer,
@@ -33,6 +32,7 @@ from workers.api.serializers import (
     WorkerSerializer,
 )
 from workers.models import Worker, current_tasks
+from workers.protocol import ClaimRequest, claim
 
 LEASE_LOST = {409: error("`lease_lost`: the worker does not hold this task's lease")}
 

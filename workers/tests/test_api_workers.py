@@ -223,8 +223,8 @@ def test_nack__retries_with_backoff_then_dies(worker_client: APIClient, queue, s
     for attempt in (2, 3):
         task.refresh_from_db()
         transitions.promote([task])
-        transitions.buffer([task])
-        transitions.hand_out([task], worker_id="w1")
+        transitions.buffer_due(task.queue, limit=1, now=task.scheduled_at)  # the retry's time
+        transitions.hand_out([str(task.pk)], worker_id="w1")
         body = post(
             worker_client,
             "nack",
@@ -337,5 +337,5 @@ def test_claim__queue_paused_after_the_claim_read_it_hands_out_nothing(
     dispatch()
     Queue.objects.filter(pk=queue.pk).update(paused=True)  # after the claim's read, say
     taken = get_buffer().take(queue.id, 10, None)
-    assert transitions.hand_out_ids(taken.ids, worker_id="w", queues={queue.id: queue}) == []
+    assert transitions.hand_out(taken.ids, worker_id="w", queues={queue.id: queue}) == []
     assert Task.objects.get(pk=task.pk).status == S.CLAIMED

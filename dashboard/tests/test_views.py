@@ -16,12 +16,12 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
+from dashboard import queries
 from dlq import services as dlq_services
 from dlq.models import DeadLetterTask
 from queues import services as queue_services
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
-from taskforge.dashboard import queries
 from tasks import transitions
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.tests.factories import TaskFactory
@@ -486,14 +486,14 @@ def test_cancel__locks_the_row_and_calls_transitions_cancel(
 def test_dlq__lists_dead_tasks_only_with_their_replay_count(staff_client: Client) -> None:
     queue = QueueFactory(name="q")
     dead = TaskFactory(queue=queue, status="dead")
-    replayed = TaskFactory(queue=queue, status="dead")
-    dlq_services.replay_one(queue, str(replayed.pk))
     twice = TaskFactory(queue=queue, status="dead")
     dlq_services.replay_one(queue, str(twice.pk))
     twice.refresh_from_db()
     from tasks.tests.factories import walk
 
     walk(twice, "dead")  # died again
+    replayed = TaskFactory(queue=queue, status="dead")
+    dlq_services.replay_one(queue, str(replayed.pk))
 
     response = staff_client.get(f"{D}/dlq/")
 

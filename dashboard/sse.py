@@ -27,7 +27,7 @@ from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
 from django.views.decorators.http import require_GET
 
-from taskforge.dashboard import snapshot
+from dashboard import snapshot
 
 INTERVAL_SECONDS = 2.0
 LIFETIME_SECONDS = 180.0

@@ -1,4 +1,5 @@
-"""Queues in the Django admin; every write goes through `queues.services`."""
+"""Queues in the Django admin; settings go through `queues.services`, purges through
+`tasks.services`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from django.utils.html import format_html
 
 from queues import services
 from queues.models import Queue
+from tasks import services as task_services
 
 # The admin's "View site" link leads to the operator dashboard.
 admin.site.site_url = reverse_lazy("dashboard:overview")
@@ -82,7 +84,7 @@ class QueueAdmin(admin.ModelAdmin):
                     "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
                 },
             )
-        cancelled = sum(services.purge_queue(queue) for queue in queues)
+        cancelled = sum(task_services.purge_queue(queue) for queue in queues)
         self.message_user(
             request,
             f"Purged {len(queues)} queue(s): {cancelled:,} tasks cancelled.",

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from dashboard import snapshot, sse
+from dashboard.tests import demo
+from dashboard.tests.conftest import PASSWORD
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge.api.models import ApiKey
-from taskforge.dashboard import snapshot, sse
-from taskforge.dashboard.tests import demo
-from taskforge.dashboard.tests.conftest import PASSWORD
 from tasks.models import Task, TaskStatus
 from tasks.tests.factories import TaskFactory
 

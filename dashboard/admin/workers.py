@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.contrib import admin
 from django.http import HttpRequest
 from django.utils import timezone
 
-from taskforge.conf import conf
 from workers.models import Worker
 
 
@@ -21,8 +18,7 @@ class WorkerAdmin(admin.ModelAdmin):
 
     @admin.display(boolean=True, description="Stale")
     def stale(self, worker: Worker) -> bool:
-        timeout = timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
-        return worker.last_seen_at < timezone.now() - timeout
+        return worker.is_stale(timezone.now())
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

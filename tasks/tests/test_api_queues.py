@@ -150,7 +150,7 @@ def test_purge__cancels_pending_claimed_and_retry_only(admin_client: APIClient) 
 
 
 def test_purge__works_across_batches(admin_client: APIClient, monkeypatch) -> None:
-    from queues import services
+    from tasks import services
 
     monkeypatch.setattr(services, "PURGE_BATCH", 2)
     queue = QueueFactory(name="q")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from taskforge.dashboard import sse, views
+from dashboard import sse, views
 
 app_name = "dashboard"
 

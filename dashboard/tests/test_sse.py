@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from dashboard import snapshot, sse
 from queues.tests.factories import QueueFactory
-from taskforge.dashboard import snapshot, sse
 from tasks.tests.factories import TaskFactory
 
 pytestmark = pytest.mark.django_db

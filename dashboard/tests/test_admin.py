@@ -81,7 +81,7 @@ def test_large_changelists__never_count(
 def test_task_changelist__pages_with_previous_and_next(
     superuser_client: Client, world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tasks.admin import TaskAdmin
+    from dashboard.admin.tasks import TaskAdmin
 
     monkeypatch.setattr(TaskAdmin, "list_per_page", 3)
 

@@ -19,8 +19,8 @@ from django.db.models import Count, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from dashboard import formatting as fmt
 from queues.models import Queue
-from taskforge.dashboard import formatting as fmt
 from taskforge.lib.timeutil import isoformat
 from tasks.stats import queues_stats
 from workers.models import Worker, stale_before

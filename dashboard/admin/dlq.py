@@ -3,19 +3,15 @@ through `dlq.services`."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from dashboard.admin.base import LargeTableAdmin, ReadOnlyAdminMixin
 from dlq import services
 from dlq.models import DeadLetterTask
-from queues.models import Queue
-from taskforge.dashboard.adminlib import LargeTableAdmin, ReadOnlyAdminMixin
-from tasks.models import TaskStatus
 
 
 class DeadNowFilter(admin.SimpleListFilter):
@@ -31,7 +27,7 @@ class DeadNowFilter(admin.SimpleListFilter):
         # By default only tasks dead now, as GET /queues/:name/dlq.
         if self.value() == "all":
             return queryset
-        return queryset.filter(task__status=TaskStatus.DEAD)
+        return queryset.dead_now()
 
     def choices(self, changelist):  # type: ignore[no-untyped-def]
         yield {
@@ -89,29 +85,17 @@ class DeadLetterTaskAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
         text = entry.last_error or ""
         return text if len(text) <= 120 else text[:119] + "…"
 
-    @staticmethod
-    def _by_queue(queryset: QuerySet[DeadLetterTask]) -> dict[Queue, list[str]]:
-        grouped: dict[object, list[str]] = defaultdict(list)
-        for task_id, queue_id in queryset.values_list("task_id", "queue_id"):
-            grouped[queue_id].append(str(task_id))
-        queues = Queue.objects.in_bulk(list(grouped))
-        return {queues[queue_id]: ids for queue_id, ids in grouped.items()}
-
     @admin.action(description="Replay selected tasks")
     def replay(self, request: HttpRequest, queryset: QuerySet[DeadLetterTask]) -> None:
-        replayed = sum(
-            services.replay_many(queue, ids) for queue, ids in self._by_queue(queryset).items()
-        )
+        replayed = services.replay_selected(_ids(queryset))
         self.message_user(request, f"Replayed {replayed} task(s).", messages.SUCCESS)
 
     @admin.action(description="Discard selected tasks for good")
     def discard(self, request: HttpRequest, queryset: QuerySet[DeadLetterTask]) -> None:
-        discarded = 0
-        for queue, ids in self._by_queue(queryset).items():
-            for task_id in ids:
-                try:
-                    services.discard(queue, task_id)
-                except Http404:
-                    continue  # replayed meanwhile: not dead any more
-                discarded += 1
+        # Tasks replayed meanwhile are not dead any more: skipped.
+        discarded = services.discard_selected(_ids(queryset))
         self.message_user(request, f"Discarded {discarded} task(s).", messages.SUCCESS)
+
+
+def _ids(queryset: QuerySet[DeadLetterTask]) -> list[str]:
+    return [str(task_id) for task_id in queryset.values_list("task_id", flat=True)]

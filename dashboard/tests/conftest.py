@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from taskforge.dashboard import snapshot
+from dashboard import snapshot
 
 PASSWORD = "correct horse battery staple"
 

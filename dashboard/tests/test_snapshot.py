@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from dashboard import formatting as fmt
+from dashboard import snapshot
 from queues.tests.factories import QueueFactory
-from taskforge.dashboard import formatting as fmt
-from taskforge.dashboard import snapshot
 from tasks.tests.factories import TaskFactory
 from workers.models import Worker
 

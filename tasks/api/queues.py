@@ -1,42 +1,21 @@
-"""The /queues endpoints of API.md."""
+"""The /queues endpoints of API.md (a queue's tasks, stats and DLQ have their own views)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.http import Http404
-from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queues import lookup, services
+from queues import services as queue_services
+from queues.api.lookup import QueueLookupMixin
 from queues.api.serializers import QueueCreateSerializer, QueuePatchSerializer, QueueSerializer
-from queues.models import Queue, is_queue_name
+from queues.models import Queue
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import ADMIN, ANY_ROLE
 from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, error, errors, page_of
-
-
-class QueueLookupMixin:
-    """Resolves the `name` URL argument to a queue, or 404."""
-
-    kwargs: dict[str, Any]
-
-    def get_queue(self, *, fresh: bool = True) -> Queue:
-        """The queue; `fresh=False` (enqueue) may answer from `queues.lookup`'s cache."""
-        name = self.kwargs["name"]
-        # A name no queue can have (NUL, say) is not sent to Postgres at all.
-        if not is_queue_name(name):
-            raise Http404("No such queue.")
-        if fresh:
-            return get_object_or_404(Queue, name=name)
-        queue = lookup.by_name(name)
-        if queue is None:
-            raise Http404("No such queue.")
-        return queue
+from tasks import services
 
 
 class QueueListView(APIView):
@@ -64,7 +43,7 @@ class QueueListView(APIView):
     def post(self, request: Request) -> Response:
         body = QueueCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        queue = services.create_queue(**body.validated_data)
+        queue = queue_services.create_queue(**body.validated_data)
         return Response(QueueSerializer(queue).data, status=status.HTTP_201_CREATED)
 
 
@@ -89,7 +68,7 @@ class QueueDetailView(QueueLookupMixin, APIView):
         queue = self.get_queue()
         body = QueuePatchSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        services.update_queue(queue, **body.validated_data)
+        queue_services.update_queue(queue, **body.validated_data)
         return Response(QueueSerializer(queue).data)
 
     @extend_schema(
@@ -115,7 +94,7 @@ class QueuePauseView(QueueLookupMixin, APIView):
         tags=["queues"],
     )
     def post(self, request: Request, name: str) -> Response:
-        queue = services.update_queue(self.get_queue(), paused=self.paused)
+        queue = queue_services.update_queue(self.get_queue(), paused=self.paused)
         return Response(QueueSerializer(queue).data)
 
 

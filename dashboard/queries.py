@@ -12,16 +12,11 @@ range scan however deep it is and nothing ever counts the matching rows:
   whole table);
 - DLQ entries: dlq_queue_died_idx (queue, -died_at), the same way.
 
-The cursor condition `(t, id) < (t0, id0)` is written `t <= t0 AND (t < t0 OR
-id < id0)`: the first half bounds the index range, the second drops the ties
-already shown.
+Cursors and the cut after them are `taskforge.lib.keyset`'s, as in the API.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +27,7 @@ from django.db.models import Model, Q, QuerySet
 
 from dlq.models import DeadLetterTask
 from queues.models import Queue
-from taskforge.lib.timeutil import isoformat, parse_time
+from taskforge.lib import keyset
 from tasks.models import Task, TaskStatus
 
 PAGE_SIZE = 50
@@ -61,23 +56,7 @@ DLQ_LIST_FIELDS = (
 )
 
 
-class BadCursor(ValueError):
-    """Not a cursor this list gave out."""
-
-
-def encode_cursor(at: datetime, pk: uuid.UUID) -> str:
-    raw = json.dumps([isoformat(at), str(pk)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(text: str) -> tuple[datetime, uuid.UUID]:
-    """Raises: BadCursor."""
-    try:
-        padded = text + "=" * (-len(text) % 4)
-        at, pk = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        return parse_time(at), uuid.UUID(pk)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError) as exc:
-        raise BadCursor(str(exc)) from exc
+BadCursor = keyset.BadCursor
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +76,17 @@ class Page:
 
 
 def _after(time_field: str, pk_field: str, cursor: str | None) -> Q:
+    """Raises: BadCursor."""
     if cursor is None:
         return Q()
-    at, pk = decode_cursor(cursor)
-    return Q(**{f"{time_field}__lte": at}) & (
-        Q(**{f"{time_field}__lt": at}) | Q(**{f"{pk_field}__lt": pk})
-    )
+    ordering = [f"-{time_field}", f"-{pk_field}"]
+    at, pk = keyset.decode(cursor, 2)
+    if not isinstance(at, datetime) or not isinstance(pk, str):
+        raise BadCursor()
+    try:
+        return keyset.after(ordering, [at, uuid.UUID(pk)])
+    except ValueError as exc:
+        raise BadCursor() from exc
 
 
 def _newest_first(
@@ -124,8 +108,7 @@ def _page(rows: list[Model], limit: int, time_field: str, pk_field: str) -> Page
     if len(rows) <= limit:
         return Page(rows, None)
     rows = rows[:limit]
-    last = rows[-1]
-    return Page(rows, encode_cursor(getattr(last, time_field), getattr(last, pk_field)))
+    return Page(rows, keyset.cursor_of(rows[-1], [f"-{time_field}", f"-{pk_field}"]))
 
 
 def task_page(filters: TaskFilter, *, limit: int | None = None) -> Page:
@@ -168,13 +151,11 @@ class DlqFilter:
 
 def dlq_entries(filters: DlqFilter) -> QuerySet[DeadLetterTask]:
     """Entries of tasks dead now (a replayed task keeps its entry) matching `filters`."""
-    entries = DeadLetterTask.objects.filter(task__status=TaskStatus.DEAD)
+    entries = DeadLetterTask.objects.dead_now().died_between(
+        filters.died_after, filters.died_before
+    )
     if filters.queue is not None:
         entries = entries.filter(queue=filters.queue)
-    if filters.died_after:
-        entries = entries.filter(died_at__gt=filters.died_after)
-    if filters.died_before:
-        entries = entries.filter(died_at__lt=filters.died_before)
     return entries
 
 
@@ -205,14 +186,3 @@ def dlq_depths() -> list[tuple[Queue, int]]:
         (queue, Task.objects.filter(queue=queue, status=TaskStatus.DEAD).count())
         for queue in Queue.objects.order_by("name")
     ]
-
-
-def matching_dlq_ids(filters: DlqFilter, queue: Queue, *, batch: int) -> list[list[str]]:
-    """Ids of every matching dead task of `queue`, in batches (for "replay all matching")."""
-    ids = [
-        str(pk)
-        for pk in dlq_entries(DlqFilter(queue, filters.died_after, filters.died_before))
-        .order_by("-died_at", "-task_id")
-        .values_list("task_id", flat=True)
-    ]
-    return [ids[start : start + batch] for start in range(0, len(ids), batch)]

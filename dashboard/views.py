@@ -1,24 +1,23 @@
 """Dashboard pages (GET) and actions (POST, CSRF-checked), staff only.
 
 Pages read through `queries` and `snapshot`; actions call the domain layer
-(`queues.services`, `tasks.transitions`, `dlq.services`) and redirect back
-with a message (post/redirect/get).
+(`queues.services`, `tasks.services`, `dlq.services`) and redirect back
+with a message (post/redirect/get).  Which task may be cancelled, which is
+live, when a lease runs out: the models and `tasks.lifecycle` say, never
+this module.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.db import transaction
 from django.http import (
-    Http404,
     HttpRequest,
     HttpResponse,
     HttpResponseBase,
@@ -31,28 +30,25 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from dashboard import formatting as fmt
+from dashboard import queries, snapshot
+from dashboard.forms import DlqFilterForm, TaskSearchForm
 from dlq import services as dlq_services
 from dlq.models import DeadLetterTask
 from queues import services as queue_services
 from queues.models import Queue
-from taskforge.conf import conf
-from taskforge.dashboard import formatting as fmt
-from taskforge.dashboard import queries, snapshot
-from taskforge.dashboard.forms import DlqFilterForm, TaskSearchForm
 from taskforge.lib.timeutil import isoformat
-from tasks import transitions
+from tasks import lifecycle
+from tasks import services as task_services
 from tasks.exceptions import InvalidTransition
-from tasks.models import Task, TaskEvent, TaskStatus
+from tasks.models import Task, TaskEvent, TaskStatus, lease_timeout
 from workers import heartbeats
 from workers.models import Worker, current_tasks
 
 S = TaskStatus
-CANCELLABLE = (S.PENDING, S.CLAIMED, S.RETRY)
-LIVE = (S.PENDING, S.CLAIMED, S.EXECUTING, S.RETRY)
 EVENTS_SHOWN = 500
 WORKERS_SHOWN = 500
 TASKS_PER_WORKER_SHOWN = 20
-REPLAY_BATCH = 1000
 ANY_TASK = "00000000-0000-0000-0000-000000000000"
 
 View = Callable[..., HttpResponseBase]
@@ -124,7 +120,7 @@ def queue_purge(request: HttpRequest, name: str) -> HttpResponse:
         if request.POST.get("confirm", "").strip() != name:
             messages.error(request, "Type the queue's name to confirm the purge.")
             return redirect("dashboard:queue-purge", name=name)
-        cancelled = queue_services.purge_queue(queue)
+        cancelled = task_services.purge_queue(queue)
         snapshot.invalidate()
         messages.success(request, f"Purged queue {name}: {cancelled:,} tasks cancelled.")
         return redirect("dashboard:overview")
@@ -255,13 +251,9 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
             }
         )
         previous = event.at
-    timeout = conf.HEARTBEAT_TIMEOUT_SECONDS
+    timeout = lease_timeout().total_seconds()
     beats = heartbeats.history(task.pk, since=task.claimed_at) if task.claimed_at else []
-    lease_expires_at = (
-        task.heartbeat_at + timedelta(seconds=timeout)
-        if task.status == S.EXECUTING and task.heartbeat_at
-        else None
-    )
+    lease_expires_at = task.lease_expires_at
     dead_letter = DeadLetterTask.objects.filter(task_id=task.pk).first()
     return render(
         request,
@@ -289,9 +281,9 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
                 ]
             ],
             "dead_letter": dead_letter,
-            "can_cancel": task.status in CANCELLABLE,
+            "can_cancel": task.is_cancellable,
             "is_dead": task.status == S.DEAD,
-            "is_live": task.status in LIVE,
+            "is_live": task.status in lifecycle.IN_PROGRESS,
             "watch_version": _watch_version(task.updated_at, task.heartbeat_at),
             "nav": "tasks",
         },
@@ -318,12 +310,8 @@ def task_status(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
 def task_cancel(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     default = reverse("dashboard:task", kwargs={"task_id": task_id})
     try:
-        with transaction.atomic():
-            task = Task.objects.select_for_update(no_key=True).filter(pk=task_id).first()
-            if task is None:
-                raise Http404
-            transitions.cancel([task])
-    except Http404:
+        task_services.cancel(task_id)
+    except task_services.UnknownTask:
         messages.error(request, "No such task.")
     except InvalidTransition:
         messages.error(
@@ -408,16 +396,6 @@ def dlq(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _entries_by_queue(ids: list[str]) -> dict[Queue, list[str]]:
-    found: dict[uuid.UUID, list[str]] = defaultdict(list)
-    for task_id, queue_id in DeadLetterTask.objects.filter(task_id__in=ids).values_list(
-        "task_id", "queue_id"
-    ):
-        found[queue_id].append(str(task_id))
-    queues = Queue.objects.in_bulk(list(found))
-    return {queues[queue_id]: task_ids for queue_id, task_ids in found.items()}
-
-
 def _selected_ids(request: HttpRequest) -> list[str]:
     ids = []
     for raw in request.POST.getlist("ids"):
@@ -441,22 +419,15 @@ def dlq_replay(request: HttpRequest) -> HttpResponse:
         queues = (
             [filters.queue] if filters.queue is not None else list(Queue.objects.order_by("name"))
         )
-        replayed = 0
-        for queue in queues:
-            if filters.died_after is None and filters.died_before is None:
-                replayed += dlq_services.replay_all(queue)
-            else:
-                for batch in queries.matching_dlq_ids(filters, queue, batch=REPLAY_BATCH):
-                    replayed += dlq_services.replay_many(queue, batch)
+        replayed = dlq_services.replay_matching(
+            queues, died_after=filters.died_after, died_before=filters.died_before
+        )
     else:
         ids = _selected_ids(request)
         if not ids:
             messages.warning(request, "Select the tasks to replay first.")
             return _back(request, default)
-        replayed = sum(
-            dlq_services.replay_many(queue, task_ids)
-            for queue, task_ids in _entries_by_queue(ids).items()
-        )
+        replayed = dlq_services.replay_selected(ids)
     snapshot.invalidate()
     messages.success(request, f"Replayed {replayed:,} task{'s' if replayed != 1 else ''}.")
     return _back(request, default)
@@ -471,7 +442,7 @@ def dlq_replay_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
         return _back(request, default)
     try:
         dlq_services.replay_one(entry.queue, str(task_id))
-    except Http404:
+    except dlq_services.NotDead:
         messages.error(request, "This task is not dead any more; nothing was replayed.")
     else:
         snapshot.invalidate()
@@ -485,9 +456,9 @@ def dlq_discard_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     default = reverse("dashboard:dlq")
     try:
         if entry is None:
-            raise Http404
+            raise dlq_services.NotDead()
         dlq_services.discard(entry.queue, str(task_id))
-    except Http404:
+    except dlq_services.NotDead:
         messages.error(request, "This task is not dead; nothing was discarded.")
         return _back(request, reverse("dashboard:task", kwargs={"task_id": task_id}))
     snapshot.invalidate()
@@ -498,15 +469,7 @@ def dlq_discard_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
 @action
 def dlq_discard(request: HttpRequest) -> HttpResponse:
     """Delete the selected dead tasks (`ids`) for good."""
-    ids = _selected_ids(request)
-    discarded = 0
-    for queue, task_ids in _entries_by_queue(ids).items():
-        for task_id in task_ids:
-            try:
-                dlq_services.discard(queue, task_id)
-            except Http404:
-                continue
-            discarded += 1
+    discarded = dlq_services.discard_selected(_selected_ids(request))
     snapshot.invalidate()
     if discarded:
         messages.success(
@@ -555,7 +518,7 @@ def workers(request: HttpRequest) -> HttpResponse:
             "cut": cut,
             "stale_count": stale,
             "active_count": len(rows) - stale,
-            "timeout": conf.HEARTBEAT_TIMEOUT_SECONDS,
+            "timeout": lease_timeout().total_seconds(),
             "nav": "workers",
         },
     )

@@ -5,7 +5,7 @@ Run against a scratch database (it is filled with generated rows):
     createdb taskforge_explain
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/taskforge_explain \\
     REDIS_URL=redis://127.0.0.1:6379/4 SECRET_KEY=x \\
-        python -m taskforge.dashboard.tests.explain_1m --seed 1000000
+        python -m dashboard.tests.explain_1m --seed 1000000
 
 It migrates, seeds (only when the task table is empty), ANALYZEs, requests
 each page as a staff user, and runs `EXPLAIN (ANALYZE, BUFFERS)` on every
@@ -121,8 +121,8 @@ def main() -> None:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext, setup_test_environment
 
+    from dashboard import snapshot
     from queues.models import Queue
-    from taskforge.dashboard import snapshot
     from tasks.models import Task
 
     setup_test_environment()

@@ -1,9 +1,9 @@
 """Tasks and their events in the Django admin: read-only.
 
 Both tables hold millions of rows: the change lists never count (see
-`taskforge.dashboard.adminlib`) and order on an index for every filter
+`dashboard.admin.base`) and order on an index for every filter
 combination they offer.  The only action, cancel, goes through
-`tasks.transitions` with the rows locked.
+`tasks.services`.
 """
 
 from __future__ import annotations
@@ -12,18 +12,14 @@ import uuid
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from taskforge.dashboard.adminlib import LargeTableAdmin, ReadOnlyAdminMixin
-from tasks import transitions
-from tasks.models import Task, TaskEvent, TaskStatus
-
-CANCELLABLE = (TaskStatus.PENDING, TaskStatus.CLAIMED, TaskStatus.RETRY)
-CANCEL_BATCH = 500
+from dashboard.admin.base import LargeTableAdmin, ReadOnlyAdminMixin
+from tasks import services
+from tasks.models import Task, TaskEvent
 
 
 def _dashboard_link(task_id: uuid.UUID) -> str:
@@ -102,17 +98,7 @@ class TaskAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
     @admin.action(description="Cancel selected tasks (pending, claimed or retry)")
     def cancel(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
         ids = list(queryset.values_list("pk", flat=True))
-        cancelled = 0
-        for start in range(0, len(ids), CANCEL_BATCH):
-            with transaction.atomic():
-                # Lock order: by id, as every multi-row lock of tasks.
-                batch = list(
-                    Task.objects.select_for_update(no_key=True)
-                    .filter(pk__in=ids[start : start + CANCEL_BATCH], status__in=CANCELLABLE)
-                    .order_by("id")
-                )
-                transitions.cancel(batch)
-            cancelled += len(batch)
+        cancelled = services.cancel_many(ids)
         skipped = len(ids) - cancelled
         self.message_user(request, f"Cancelled {cancelled} task(s).", messages.SUCCESS)
         if skipped:

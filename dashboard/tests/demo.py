@@ -17,7 +17,7 @@ from queues.tests.factories import QueueFactory
 from tasks import transitions
 from tasks.models import Task
 from tasks.tests.factories import TaskFactory
-from workers import heartbeats, leases
+from workers import heartbeats, protocol
 from workers.models import Worker
 
 
@@ -25,17 +25,17 @@ def _executing(queue: Queue, worker_id: str, payload: Any, *, seconds_ago: float
     """A task running on `worker_id` since `seconds_ago`, heartbeating every 10 s."""
     now = timezone.now()
     start = now - timedelta(seconds=seconds_ago)
-    task = Task(queue=queue, payload=payload, max_retries=queue.max_retries, scheduled_at=start)
+    enqueued = start - timedelta(seconds=2.5)
+    task = Task(queue=queue, payload=payload, max_retries=queue.max_retries, scheduled_at=enqueued)
     with transaction.atomic():
-        transitions.create([task], now=start - timedelta(seconds=2.5))
-        transitions.buffer([task], now=start - timedelta(seconds=0.2))
-        transitions.hand_out([task], worker_id=worker_id, now=start)
+        transitions.create([task], now=enqueued, buffer=True)
+        [task] = transitions.hand_out([str(task.pk)], worker_id=worker_id, now=start)
     beat = start + timedelta(seconds=10.2)
     while beat < now:
         heartbeats.record([task.pk], beat)
         beat += timedelta(seconds=10.05)
     if seconds_ago:
-        leases.heartbeat(worker_id, [leases.Item(str(task.pk))])
+        protocol.heartbeat(worker_id, [protocol.Item(str(task.pk))])
         task.refresh_from_db()
     return task
 

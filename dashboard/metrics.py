@@ -1,0 +1,130 @@
+"""GET /metrics: Prometheus exposition (API.md, "Operations").
+
+The counters and histograms come from `taskforge.metrics` (every process's,
+in multiprocess mode); the gauges (queue depth, DLQ depth, worker heartbeat
+age) are read from Postgres at scrape time, here, where every app may be read.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterable, Iterator
+
+from django.db import DatabaseError, connection, transaction
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from queues.models import Queue
+from taskforge.api.health import probe
+from taskforge.api.responses import error_response
+from taskforge.conf import conf
+from taskforge.metrics import counted_collector
+from tasks.stats import queues_stats
+from workers.models import Worker
+
+logger = logging.getLogger("taskforge.metrics")
+
+# API.md's stats: `pending` is due, `scheduled` is pending but not yet due.
+DEPTH_STATUSES = ("pending", "scheduled", "claimed", "executing", "retry")
+# A scrape must not hold a database connection for long, whatever the backlog.
+SCRAPE_STATEMENT_TIMEOUT_MS = 5000
+
+
+class DatabaseGauges:
+    """Queue depth, DLQ depth and worker heartbeat age, read from Postgres.
+
+    `tasks.stats.queues_stats` for every queue (grouped counts over the live
+    statuses only, never the done and cancelled history) and the workers
+    seen in the last hour (workers_worker.last_seen_at index).  When Postgres does not
+    answer, the gauges are left out and the counters still scrape.
+    """
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            depth, dlq, ages = self._read()
+        except DatabaseError as exc:
+            logger.warning("metrics.gauges_unavailable", extra={"error": repr(exc)})
+            return
+        queue_depth = GaugeMetricFamily(
+            "taskforge_queue_depth",
+            "Tasks by queue and live status (pending: due; scheduled: pending, not yet due).",
+            labels=["queue", "status"],
+        )
+        for queue, counts in depth.items():
+            for status in DEPTH_STATUSES:
+                queue_depth.add_metric([queue, status], counts[status])
+        dlq_depth = GaugeMetricFamily(
+            "taskforge_dlq_depth", "Dead tasks (the dead-letter queue) by queue.", labels=["queue"]
+        )
+        for queue, count in dlq.items():
+            dlq_depth.add_metric([queue], count)
+        heartbeat_age = GaugeMetricFamily(
+            "taskforge_worker_heartbeat_age_seconds",
+            "Seconds since each worker seen in the last hour was last seen.",
+            labels=["worker_id"],
+        )
+        for worker_id, age in ages:
+            heartbeat_age.add_metric([worker_id], age)
+        yield from (queue_depth, dlq_depth, heartbeat_age)
+
+    @staticmethod
+    def _read() -> tuple[dict[str, dict[str, int]], dict[str, int], list[tuple[str, float]]]:
+        now = timezone.now()
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('statement_timeout', %s, true)",
+                    [str(SCRAPE_STATEMENT_TIMEOUT_MS)],
+                )
+            queues = list(Queue.objects.order_by("name"))
+            # The same counts as GET /queues/:name/stats, for every queue at once.
+            stats = queues_stats(queues, now)
+            seen = list(
+                Worker.objects.recent(now)
+                .order_by("worker_id")
+                .values_list("worker_id", "last_seen_at")
+            )
+        depth = {queue.name: stats[queue.id]["depth"] for queue in queues}
+        dlq = {queue.name: stats[queue.id]["dlq_depth"] for queue in queues}
+        ages = [(worker_id, max((now - at).total_seconds(), 0.0)) for worker_id, at in seen]
+        return depth, dlq, ages
+
+
+class _Scrape:
+    """What one scrape exposes: the counted metrics plus the database gauges."""
+
+    def __init__(self, sources: Iterable[Collector]) -> None:
+        self._sources = list(sources)
+
+    def collect(self) -> Iterator[Metric]:
+        for source in self._sources:
+            yield from source.collect()
+
+
+@probe
+def metrics(request: HttpRequest) -> HttpResponse:
+    """No API key; `Authorization: Bearer $TASKFORGE_METRICS_TOKEN` when that is set."""
+    token = conf.METRICS_TOKEN
+    if token and not _bearer_matches(request, token):
+        response = error_response(
+            401, "unauthenticated", "Missing or wrong metrics token (TASKFORGE_METRICS_TOKEN)."
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="taskforge-metrics"'
+        return response
+    encoder, content_type = choose_encoder(request.META.get("HTTP_ACCEPT", ""))
+    return HttpResponse(
+        encoder(_Scrape([counted_collector(), DatabaseGauges()])), content_type=content_type
+    )
+
+
+def _bearer_matches(request: HttpRequest, token: str) -> bool:
+    scheme, _, given = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    # Constant-time, so response timing does not reveal the token.
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )

@@ -1,0 +1,71 @@
+"""The task lifecycle: every status, every allowed move, and the sets derived from them.
+
+API.md, "Task status":
+
+    (new) ─> pending ─> claimed ─> executing ─> done
+               ^  │        │           ├──────> retry ─> pending (when due)
+               │  │        └─> pending └──────> dead ──> pending (replay)
+               │  └──────> cancelled  (also from claimed and retry)
+
+`ALLOWED` is the one table of moves.  `tasks.transitions` implements each
+move once (its verbs and the statements of `tasks.sql` declare the edges they
+take; a test holds them to this table), and the sets below are read by the
+API, the dashboard and the admin alike, so no view restates a rule.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class TaskStatus(models.TextChoices):
+    PENDING = "pending"
+    CLAIMED = "claimed"
+    EXECUTING = "executing"
+    RETRY = "retry"
+    DONE = "done"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+S = TaskStatus
+
+# A move: (from, to); `from` is None for the creation of a task.
+Edge = tuple[str | None, str]
+
+ALLOWED: dict[str | None, frozenset[str]] = {
+    None: frozenset({S.PENDING}),
+    S.PENDING: frozenset({S.CLAIMED, S.CANCELLED}),
+    S.CLAIMED: frozenset({S.EXECUTING, S.PENDING, S.CANCELLED}),
+    S.EXECUTING: frozenset({S.DONE, S.RETRY, S.DEAD}),
+    S.RETRY: frozenset({S.PENDING, S.CANCELLED}),
+    S.DEAD: frozenset({S.PENDING}),
+    S.DONE: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+EDGES: frozenset[Edge] = frozenset(
+    (from_status, to_status) for from_status, targets in ALLOWED.items() for to_status in targets
+)
+
+
+def is_allowed(from_status: str | None, to_status: str) -> bool:
+    return to_status in ALLOWED.get(from_status, frozenset())
+
+
+# The sets are tuples in declaration order, so a query built from one reads
+# the same in every process.
+
+# Finished for good: no move leads out (done, cancelled).
+FINISHED: tuple[str, ...] = tuple(s for s in S.values if not ALLOWED[s])
+
+# Everything not finished.  A queue with a live task cannot be deleted (API.md,
+# DELETE /queues/:name), and queue statistics count only these.
+LIVE: tuple[str, ...] = tuple(s for s in S.values if s not in FINISHED)
+
+# Still on its way without an operator (dead waits for a replay): the
+# dashboard watches a task in one of these for its next move.
+IN_PROGRESS: tuple[str, ...] = tuple(s for s in LIVE if s != S.DEAD)
+
+# What a producer or an operator may cancel (DELETE /queues/:name/tasks/:id, purge).
+CANCELLABLE: tuple[str, ...] = tuple(s for s in S.values if is_allowed(s, S.CANCELLED))

@@ -1,0 +1,310 @@
+"""The worker protocol: claim, heartbeat, ack and nack (API.md, "Workers").
+
+A claim pops ids from each queue's Redis buffer with one Lua script per queue
+(token bucket and pop, atomically), then turns them `executing` with one
+conditional UPDATE (`transitions.hand_out`).  Postgres stays the truth: an id
+popped for a task that is no longer `claimed` is dropped, and an id popped by
+a process that dies before the UPDATE is put back by the watchdog's
+reconcile.
+
+Every later call is fenced by the lease: the task must be `executing`, held
+by the calling `worker_id` and, when the caller names it, at the same
+`attempt`.  Anything else is `LeaseLost` and changes nothing.  Acks repeat
+safely: the same worker acking the same attempt again is answered as a
+success.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from queues import lookup
+from queues.exceptions import UnknownQueue
+from queues.models import Queue
+from taskforge.lib import jsonutil
+from tasks import transitions
+from tasks.buffer import get_buffer, score
+from tasks.models import Task, TaskStatus, lease_timeout
+from tasks.wakeup import waiters
+from workers import heartbeats, sql
+from workers.exceptions import LeaseLost
+
+logger = logging.getLogger(__name__)
+
+# A waiting claim looks again at least this often, even without a wake-up.
+MAX_WAIT_SLICE = 1.0
+# Pops per queue per attempt: ids of cancelled tasks make a pop come up short.
+_POP_ROUNDS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    worker_id: str
+    queues: Sequence[str]
+    max_tasks: int = 1
+    wait_seconds: float = 0.0
+
+
+def resolve_queues(names: Sequence[str]) -> list[Queue]:
+    """The named queues in the order given.
+
+    Raises:
+        UnknownQueue: a name is not a queue.
+    """
+    found = lookup.by_names(set(names))
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise UnknownQueue(f"No queue named {missing[0]!r}.")
+    seen: set[str] = set()
+    ordered = []
+    for name in names:
+        if name not in seen:
+            seen.add(name)
+            ordered.append(found[name])
+    return ordered
+
+
+def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> list[Task]:
+    """Hand out up to `max_tasks` tasks, waiting up to `wait_seconds` for some.
+
+    `gone` says whether the caller has hung up; a wait it ends hands out
+    nothing, so no task is leased to a worker that is no longer listening.
+
+    Raises:
+        UnknownQueue: a queue name is unknown.
+    """
+    queues = resolve_queues(request.queues)
+    record_seen(request.worker_id)
+    deadline = time.monotonic() + request.wait_seconds
+    # Queues this claim found paused (the rows are shared: never set .paused).
+    paused = {queue.id for queue in queues if queue.paused}
+    with waiters.interest(str(queue.id) for queue in queues) as wake:
+        while True:
+            wake.clear()
+            tasks, retry_in = _claim_once(request.worker_id, queues, paused, request.max_tasks)
+            left = deadline - time.monotonic()
+            if tasks or left <= 0:
+                return tasks
+            pause = min(left, MAX_WAIT_SLICE, retry_in if retry_in else MAX_WAIT_SLICE)
+            _release_connection()
+            wake.wait(pause)
+            if gone is not None and gone():
+                return []
+            # A pause is enforced by the hand-out itself; re-read only to see
+            # a paused queue resume.
+            if paused:
+                queues = _refresh(queues)
+                paused = {queue.id for queue in queues if queue.paused}
+
+
+def _claim_once(
+    worker_id: str, queues: list[Queue], paused: set[Any], limit: int
+) -> tuple[list[Task], float]:
+    """One pass over the queues in order; returns the tasks and a rate-limit hint (s).
+
+    Adds to `paused` the queues it finds paused meanwhile.
+    """
+    buffer = get_buffer()
+    by_id = {queue.id: queue for queue in queues}
+    handed: list[Task] = []
+    retry_in = 0.0
+    for queue in queues:
+        if queue.id in paused:
+            continue
+        for _ in range(_POP_ROUNDS):
+            want = limit - len(handed)
+            if want <= 0:
+                return handed, 0.0
+            taken = buffer.take(queue.id, want, queue.rate_limit)
+            if taken.wait_ms:
+                hint = taken.wait_ms / 1000
+                retry_in = hint if not retry_in else min(retry_in, hint)
+            if not taken.ids:
+                break
+            try:
+                moved = transitions.hand_out(
+                    taken.ids, worker_id=worker_id, queues=by_id, now=timezone.now()
+                )
+            except Exception:
+                # Postgres failed after the pop: put the ids back (they are
+                # still `claimed`); if that fails too, the reconcile will.
+                _put_back(queue, taken.ids)
+                raise
+            handed += moved
+            if len(moved) == len(taken.ids):
+                break
+            # Cancelled ids are gone for good; ids of a queue paused meanwhile
+            # are still claimed and go back for the dispatcher to drain.
+            moved_ids = {str(task.pk) for task in moved}
+            if _put_back(queue, [i for i in taken.ids if i not in moved_ids]):
+                paused.add(queue.id)  # as far as this claim knows; re-read after a wait
+                break
+    return handed, retry_in
+
+
+def _release_connection() -> None:
+    """Give the DB connection back to the pool while waiting (threads share few)."""
+    if connection.pool is not None and not connection.in_atomic_block:
+        connection.close()
+
+
+def _put_back(queue: Queue, ids: Sequence[str]) -> int:
+    """Re-push popped ids that are still `claimed`; return how many."""
+    try:
+        tasks = Task.objects.filter(pk__in=ids, status=Task.Status.CLAIMED).only(
+            "id", "priority", "scheduled_at"
+        )
+        items = [(str(t.pk), score(t.priority, t.scheduled_at)) for t in tasks]
+        get_buffer().push(queue.id, items)
+    except Exception:
+        logger.warning("claim.put_back_failed", extra={"queue": queue.name, "count": len(ids)})
+        return 0
+    return len(items)
+
+
+def _refresh(queues: list[Queue]) -> list[Queue]:
+    fresh = lookup.by_ids([queue.id for queue in queues], fresh=True)
+    return [fresh[queue.id] for queue in queues if queue.id in fresh]
+
+
+S = TaskStatus
+
+_NOT_GIVEN = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One task of a worker call: its id, the attempt if given, the ack result."""
+
+    task_id: str
+    attempt: int | None = None
+    result: Any = _NOT_GIVEN
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to one item: a task (ok) or an error."""
+
+    task_id: str
+    task: Task | None = None
+    heartbeat_at: datetime | None = None
+    error: LeaseLost | None = None
+
+
+def lease_expires_at(heartbeat_at: datetime) -> datetime:
+    """When a lease last extended at `heartbeat_at` runs out."""
+    return heartbeat_at + lease_timeout()
+
+
+def heartbeat(worker_id: str, items: Sequence[Item]) -> list[Outcome]:
+    """Extend the leases of the items the worker holds, in one statement."""
+    record_seen(worker_id)
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.HEARTBEAT,
+            {
+                "worker_id": worker_id,
+                "now": now,
+                "ids": [item.task_id for item in items],
+                "attempts": [item.attempt for item in items],
+            },
+        )
+        beaten = {str(task_id): at for task_id, at in cursor.fetchall()}
+    heartbeats.record(beaten, now)  # the dashboard's heartbeat history
+    return [
+        Outcome(item.task_id, heartbeat_at=beaten[item.task_id])
+        if item.task_id in beaten
+        else Outcome(item.task_id, error=LeaseLost())
+        for item in items
+    ]
+
+
+def ack(worker_id: str, items: Sequence[Item]) -> list[Outcome]:
+    """Mark the items done, in one statement; repeated acks answer as successes."""
+    record_seen(worker_id)
+    rows = [
+        (
+            item.task_id,
+            item.attempt,
+            None if item.result is _NOT_GIVEN else jsonutil.dumps(item.result).decode(),
+        )
+        for item in items
+    ]
+    # One statement: atomic on its own, no transaction to open.
+    acked = {str(task.pk): task for task in transitions.ack(rows, worker_id=worker_id)}
+    missing = [item for item in items if item.task_id not in acked]
+    if missing:
+        done = {
+            str(task.pk): task
+            for task in Task.objects.select_related("queue").filter(
+                pk__in=[item.task_id for item in missing], status=S.DONE, claimed_by=worker_id
+            )
+        }
+        for item in missing:
+            task = done.get(item.task_id)
+            if task is not None and item.attempt in (None, task.attempts):
+                acked[item.task_id] = task
+    return [
+        Outcome(item.task_id, task=acked[item.task_id])
+        if item.task_id in acked
+        else Outcome(item.task_id, error=LeaseLost())
+        for item in items
+    ]
+
+
+def nack(
+    worker_id: str,
+    item: Item,
+    *,
+    error: str,
+    retry: bool = True,
+    retry_after_seconds: float | None = None,
+) -> Task:
+    """Fail the attempt: retry with backoff (or the given delay), or dead.
+
+    Raises:
+        LeaseLost: the worker does not hold this attempt's lease.
+    """
+    record_seen(worker_id)
+    with transaction.atomic():
+        task = (
+            Task.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("queue")
+            .filter(pk=item.task_id, status=S.EXECUTING, claimed_by=worker_id)
+            .first()
+        )
+        if task is None or item.attempt not in (None, task.attempts):
+            raise LeaseLost()
+        transitions.fail(task, error=error, retry=retry, retry_after_seconds=retry_after_seconds)
+    return task
+
+
+# Process-local memory of when each worker was last recorded, so a busy
+# worker costs one upsert a second, not one per call.
+_seen_lock = threading.Lock()
+_seen: dict[str, float] = {}
+_SEEN_EVERY = 1.0
+
+
+def record_seen(worker_id: str) -> None:
+    """Note that a worker called (GET /workers shows it)."""
+    now = time.monotonic()
+    with _seen_lock:
+        last = _seen.get(worker_id)
+        if last is not None and now - last < _SEEN_EVERY:
+            return
+        if len(_seen) > 100_000:
+            _seen.clear()
+        _seen[worker_id] = now
+    with connection.cursor() as cursor:
+        cursor.execute(sql.WORKER_SEEN, {"worker_id": worker_id, "now": timezone.now()})

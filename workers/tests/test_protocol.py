@@ -1,0 +1,91 @@
+"""The worker protocol (workers.protocol), called as the API views call it."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from queues.exceptions import UnknownQueue
+from queues.tests.factories import QueueFactory
+from tasks.dispatcher import DispatcherLoop
+from tasks.models import Task, TaskStatus, lease_timeout
+from tasks.tests.factories import TaskFactory
+from workers import heartbeats, protocol
+from workers.exceptions import LeaseLost
+from workers.models import Worker
+
+S = TaskStatus
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
+
+
+def _buffered(queue_name: str = "q", count: int = 1) -> list[Task]:
+    queue = QueueFactory(name=queue_name)
+    tasks = [TaskFactory(queue=queue) for _ in range(count)]
+    loop = DispatcherLoop()
+    while loop.tick():
+        pass
+    return tasks
+
+
+def test_claim__hands_out_buffered_tasks_and_records_the_worker() -> None:
+    [task] = _buffered()
+    # A worker id of its own: the protocol remembers recent ones per process.
+    [handed] = protocol.claim(protocol.ClaimRequest("w-recorded", ["q"], max_tasks=5))
+    assert (handed.pk, handed.status, handed.claimed_by, handed.attempts) == (
+        task.pk,
+        S.EXECUTING,
+        "w-recorded",
+        1,
+    )
+    assert Worker.objects.filter(worker_id="w-recorded").exists()
+
+
+def test_claim__unknown_queue_is_a_domain_error() -> None:
+    """Regression for issue 9: the protocol raised Django's Http404."""
+    with pytest.raises(UnknownQueue):
+        protocol.claim(protocol.ClaimRequest("w1", ["nope"]))
+
+
+def test_claim__a_client_gone_during_the_wait_gets_nothing() -> None:
+    QueueFactory(name="q")
+    answers = iter([True])
+    got = protocol.claim(
+        protocol.ClaimRequest("w1", ["q"], wait_seconds=5), gone=lambda: next(answers)
+    )
+    assert got == []
+
+
+def test_heartbeat__extends_the_lease_and_keeps_the_history() -> None:
+    _buffered()
+    [task] = protocol.claim(protocol.ClaimRequest("w1", ["q"]))
+    [outcome] = protocol.heartbeat("w1", [protocol.Item(str(task.pk), task.attempts)])
+    assert outcome.error is None and outcome.heartbeat_at is not None
+    assert heartbeats.history(task.pk) == [
+        outcome.heartbeat_at.replace(microsecond=outcome.heartbeat_at.microsecond // 1000 * 1000)
+    ]
+    assert protocol.lease_expires_at(outcome.heartbeat_at) == outcome.heartbeat_at + lease_timeout()
+    [foreign] = protocol.heartbeat("w2", [protocol.Item(str(task.pk))])
+    assert isinstance(foreign.error, LeaseLost)
+
+
+def test_ack__repeats_safely_for_the_holder_only() -> None:
+    _buffered()
+    [task] = protocol.claim(protocol.ClaimRequest("w1", ["q"]))
+    item = protocol.Item(str(task.pk), task.attempts, {"ok": 1})
+    [first] = protocol.ack("w1", [item])
+    [again] = protocol.ack("w1", [item])
+    [foreign] = protocol.ack("w2", [item])
+    assert first.task is not None and first.task.status == S.DONE
+    assert again.task is not None and again.error is None
+    assert isinstance(foreign.error, LeaseLost)
+    assert Task.objects.get(pk=task.pk).result == {"ok": 1}
+
+
+def test_nack__a_stale_attempt_is_lease_lost_and_changes_nothing() -> None:
+    _buffered()
+    [task] = protocol.claim(protocol.ClaimRequest("w1", ["q"]))
+    with pytest.raises(LeaseLost):
+        protocol.nack("w1", protocol.Item(str(task.pk), task.attempts + 1), error="e")
+    assert Task.objects.get(pk=task.pk).status == S.EXECUTING
+    failed = protocol.nack("w1", protocol.Item(str(task.pk), task.attempts), error="e")
+    assert failed.status == S.RETRY and failed.scheduled_at > timezone.now()
