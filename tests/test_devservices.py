@@ -1,6 +1,6 @@
-"""taskforge.devservices starts real Postgres and Redis servers and leaves nothing behind.
+"""devservices starts real Postgres and Redis servers and leaves nothing behind.
 
-Each test runs ``python -m taskforge.devservices`` as a subprocess with DATABASE_URL and REDIS_URL
+Each test runs ``python -m devservices`` as a subprocess with DATABASE_URL and REDIS_URL
 removed from its environment, so it starts its own servers even when the suite itself runs
 against other ones. Throwaway directories go to the test's tmp_path (TMPDIR), which keeps the
 leftover checks precise. No Django database is needed.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-DEVSERVICES = [sys.executable, "-m", "taskforge.devservices"]
+DEVSERVICES = [sys.executable, "-m", "devservices"]
 
 # Connects the way the app does: psycopg and Django's settings (django-environ) for Postgres,
 # redis-py for Redis.
@@ -155,7 +155,7 @@ def test_run__data_dir_keeps_database_redis_and_secret_key(tmp_path: Path) -> No
         print(redis.Redis.from_url(os.environ["REDIS_URL"]).get("kept").decode())
         print(os.environ["SECRET_KEY"])
         env = subprocess.run(
-            [sys.executable, "-m", "taskforge.devservices", "env", "--data", sys.argv[1]],
+            [sys.executable, "-m", "devservices", "env", "--data", sys.argv[1]],
             capture_output=True, text=True, check=True,
         )
         print(env.stdout, end="")
