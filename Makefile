@@ -11,7 +11,7 @@ BIN := $(abspath $(VENV))/bin
 STAMP := $(VENV)/.installed
 BROWSER_STAMP := $(VENV)/.browser
 DATA := .taskforge
-DEVSERVICES := $(BIN)/python -m taskforge.devservices
+DEVSERVICES := $(BIN)/python -m devservices
 
 # Procfile lines and the test suite find gunicorn, honcho and python in the venv.
 export PATH := $(BIN):$(PATH)

@@ -1,9 +1,10 @@
-"""taskforge.devservices starts real Postgres and Redis servers and leaves nothing behind.
+"""devservices starts real Postgres and Redis servers and leaves nothing behind.
 
-Each test runs ``python -m taskforge.devservices`` as a subprocess with DATABASE_URL and REDIS_URL
-removed from its environment, so it starts its own servers even when the suite itself runs
-against other ones. Throwaway directories go to the test's tmp_path (TMPDIR), which keeps the
-leftover checks precise. No Django database is needed.
+Each test runs ``python -m devservices`` as a subprocess from the repository root (devservices is
+not installed, so that is where it is found), with DATABASE_URL and REDIS_URL removed from its
+environment, so it starts its own servers even when the suite itself runs against other ones.
+Throwaway directories go to the test's tmp_path (TMPDIR), which keeps the leftover checks
+precise. No Django database is needed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import psutil
 
-DEVSERVICES = [sys.executable, "-m", "taskforge.devservices"]
+DEVSERVICES = [sys.executable, "-m", "devservices"]
+# Where `python -m devservices` finds the package; the children of `run` inherit it as their cwd.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Connects the way the app does: psycopg and Django's settings (django-environ) for Postgres,
 # redis-py for Redis.
@@ -53,6 +56,7 @@ def _devservices(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*DEVSERVICES, *args],
+        cwd=REPO_ROOT,
         env=env if env is not None else _env(tmp_path),
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -72,6 +76,7 @@ def _running(tmp_path: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
     child = "import time; print('ready', flush=True); time.sleep(60)"
     proc = subprocess.Popen(
         [*DEVSERVICES, "run", *args, "--", sys.executable, "-c", child],
+        cwd=REPO_ROOT,
         env=_env(tmp_path),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -155,7 +160,7 @@ def test_run__data_dir_keeps_database_redis_and_secret_key(tmp_path: Path) -> No
         print(redis.Redis.from_url(os.environ["REDIS_URL"]).get("kept").decode())
         print(os.environ["SECRET_KEY"])
         env = subprocess.run(
-            [sys.executable, "-m", "taskforge.devservices", "env", "--data", sys.argv[1]],
+            [sys.executable, "-m", "devservices", "env", "--data", sys.argv[1]],
             capture_output=True, text=True, check=True,
         )
         print(env.stdout, end="")

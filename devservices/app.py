@@ -1,0 +1,95 @@
+"""What `run` gives the app: local settings (SECRET_KEY, ALLOWED_HOSTS) and the --setup steps."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from devservices.common import DevServicesError, display, write_private
+from devservices.datadir import Layout
+from devservices.processes import run_child
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ALLOWED_HOSTS = "localhost,127.0.0.1,[::1]"
+ADMIN_KEY_NAME = "local-admin"
+
+
+def _secret_key(layout: Layout | None) -> str:
+    """The SECRET_KEY for local runs: random for throwaway runs, else kept in the data dir."""
+    if layout is None:
+        return secrets.token_urlsafe(50)
+    with contextlib.suppress(FileNotFoundError):
+        key = layout.secret_key.read_text().strip()
+        if key:
+            return key
+    key = secrets.token_urlsafe(50)
+    write_private(layout.secret_key, key + "\n")
+    return key
+
+
+def app_defaults(env: dict[str, str], layout: Layout | None) -> dict[str, str]:
+    """Fill in SECRET_KEY and ALLOWED_HOSTS when unset; return what was added."""
+    added: dict[str, str] = {}
+    if not env.get("SECRET_KEY"):
+        added["SECRET_KEY"] = _secret_key(layout)
+    if "ALLOWED_HOSTS" not in env:
+        added["ALLOWED_HOSTS"] = DEFAULT_ALLOWED_HOSTS
+    env.update(added)
+    return added
+
+
+def _banner(lines: Sequence[str]) -> None:
+    width = max(len(line) for line in lines) + 4
+    rule = "=" * width
+    body = "\n".join(f"  {line}".rstrip() for line in lines)
+    sys.stderr.write(f"\n{rule}\n{body}\n{rule}\n\n")
+    sys.stderr.flush()
+
+
+def run_setup(env: Mapping[str, str], layout: Layout | None, *, fresh_database: bool) -> int:
+    """Migrate, then make sure an admin API key exists (only with the embedded Postgres)."""
+    manage = Path.cwd() / "manage.py"
+    if not manage.exists():
+        raise DevServicesError("--setup needs manage.py in the current directory")
+    logger.info("applying migrations")
+    code, _ = run_child([sys.executable, str(manage), "migrate", "--noinput"], env)
+    if code != 0:
+        logger.error("manage.py migrate failed with exit code %s", code)
+        return code
+    if layout is None:
+        logger.info(
+            "DATABASE_URL is your own database: create an admin key with "
+            "`python manage.py createapikey NAME --role admin`"
+        )
+        return 0
+    key_file = layout.admin_key
+    if fresh_database:
+        key_file.unlink(missing_ok=True)  # it belonged to a database that no longer exists
+    if key_file.exists():
+        _banner([f"Admin API key: saved in {display(key_file)}", f"  cat {display(key_file)}"])
+        return 0
+    code, out = run_child(
+        [sys.executable, str(manage), "createapikey", ADMIN_KEY_NAME, "--role", "admin"],
+        env,
+        capture=True,
+    )
+    key = out.strip()
+    if code != 0 or not key or "\n" in key:
+        logger.warning("could not create an admin API key (createapikey exited with %s)", code)
+        return 0
+    write_private(key_file, key + "\n")
+    _banner(
+        [
+            f"Admin API key (saved in {display(key_file)}):",
+            "",
+            f"    {key}",
+            "",
+            "Use it as:  Authorization: Bearer <key>",
+        ]
+    )
+    return 0
