@@ -4,17 +4,16 @@ The overview page renders it and the SSE stream sends it every ~2 s.  Cost per
 snapshot: two grouped queries for all queues (`tasks.stats.queues_stats`:
 live-status counts over task_queue_status_idx, last-minute event counts over
 taskevent_queue_at_idx), one aggregate over the small workers table, and a
-queue list.  A process computes it at most once per `MAX_AGE_SECONDS`, however
-many browsers watch.
+queue list.  It is built at most about once per `MAX_AGE_SECONDS`, however
+many browsers watch and however many API processes serve them (`current`).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import datetime
 from typing import Any
 
+from django.core.cache import cache
 from django.db.models import Count, Q
 from django.urls import reverse
 from django.utils import timezone
@@ -166,24 +165,25 @@ def _title(queues: int, unhealthy: int, alerts: bool) -> str:
     return "No queues yet"
 
 
-_lock = threading.Lock()
-_cached: tuple[float, dict[str, Any]] | None = None
+CACHE_KEY = "dashboard:snapshot"
 
 
 def current() -> dict[str, Any]:
-    """The latest snapshot, rebuilt when older than MAX_AGE_SECONDS."""
-    global _cached
-    with _lock:
-        if _cached is not None and time.monotonic() - _cached[0] < MAX_AGE_SECONDS:
-            return _cached[1]
-    snapshot = build()
-    with _lock:
-        _cached = (time.monotonic(), snapshot)
+    """The latest snapshot, rebuilt when older than MAX_AGE_SECONDS.
+
+    Kept in Django's cache (Redis), so the API processes share it: however
+    many processes serve pages and streams, the snapshot is built about once
+    per MAX_AGE_SECONDS.  Two processes may both rebuild an expired one;
+    that costs a query each, nothing more.  With Redis unreachable the cache
+    answers nothing and each call builds its own.
+    """
+    snapshot: dict[str, Any] | None = cache.get(CACHE_KEY)
+    if snapshot is None:
+        snapshot = build()
+        cache.set(CACHE_KEY, snapshot, timeout=MAX_AGE_SECONDS)
     return snapshot
 
 
 def invalidate() -> None:
     """Forget the cached snapshot (after an action, so the next page shows it)."""
-    global _cached
-    with _lock:
-        _cached = None
+    cache.delete(CACHE_KEY)

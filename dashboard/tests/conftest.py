@@ -22,7 +22,7 @@ def _fast_password_hashing(settings: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_snapshot() -> Iterator[None]:
-    # The overview snapshot is cached per process for a second and a half.
+    # The overview snapshot is cached (in Redis, shared by processes) for a second and a half.
     snapshot.invalidate()
     yield
     snapshot.invalidate()

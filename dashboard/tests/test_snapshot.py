@@ -92,10 +92,24 @@ def test_build__summary_names_unhealthy_queues_worst_first_and_worker_trouble() 
 
 
 @pytest.mark.django_db
-def test_current__is_cached_briefly_and_invalidated_by_actions() -> None:
+def test_current__is_cached_briefly_and_invalidated_by_actions(
+    django_assert_num_queries: Any,
+) -> None:
     QueueFactory(name="a")
     first = snapshot.current()
     QueueFactory(name="b")
-    assert snapshot.current() is first
+    with django_assert_num_queries(0):
+        assert snapshot.current() == first
     snapshot.invalidate()
     assert [q["name"] for q in snapshot.current()["queues"]] == ["a", "b"]
+
+
+@pytest.mark.django_db
+def test_current__is_shared_through_the_cache(django_assert_num_queries: Any) -> None:
+    """Another API process finds the snapshot this one built (Redis, not process memory)."""
+    from django.core.cache import caches
+
+    QueueFactory(name="a")
+    built = snapshot.current()
+    other_process = caches.create_connection("default")  # a client of its own
+    assert other_process.get(snapshot.CACHE_KEY) == built
