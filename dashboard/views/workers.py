@@ -1,0 +1,64 @@
+"""The workers page: who was seen, who is stale, what each holds."""
+
+from __future__ import annotations
+
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+)
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+
+from dashboard import formatting as fmt
+from dashboard.views.base import page
+from tasks.models import lease_timeout
+from workers.models import Worker, current_tasks
+
+WORKERS_SHOWN = 500
+TASKS_PER_WORKER_SHOWN = 20
+ANY_TASK = "00000000-0000-0000-0000-000000000000"
+
+
+# Workers ---------------------------------------------------------------------------
+
+
+@page
+def workers(request: HttpRequest) -> HttpResponse:
+    now = timezone.now()
+    # The same hour as GET /workers.
+    seen = list(Worker.objects.recent(now).order_by("-last_seen_at")[: WORKERS_SHOWN + 1])
+    cut = len(seen) > WORKERS_SHOWN
+    seen = seen[:WORKERS_SHOWN]
+    current = current_tasks(worker.worker_id for worker in seen)
+    # One reverse() for all links: a page of busy workers has thousands.
+    task_url = reverse("dashboard:task", kwargs={"task_id": ANY_TASK})
+    rows = [
+        {
+            "worker": worker,
+            "stale": worker.is_stale(now),
+            "last_seen": fmt.timestamp(worker.last_seen_at),
+            "last_seen_ago": fmt.ago(worker.last_seen_at, now),
+            "tasks": [
+                {"id": task_id, "url": task_url.replace(ANY_TASK, task_id)}
+                for task_id in sorted(current.get(worker.worker_id, []))[:TASKS_PER_WORKER_SHOWN]
+            ],
+            "task_count": len(current.get(worker.worker_id, [])),
+            "more": max(len(current.get(worker.worker_id, [])) - TASKS_PER_WORKER_SHOWN, 0),
+        }
+        for worker in seen
+    ]
+    rows.sort(key=lambda row: (not row["stale"], row["worker"].worker_id))
+    stale = sum(1 for row in rows if row["stale"])
+    return render(
+        request,
+        "dashboard/workers.html",
+        {
+            "rows": rows,
+            "cut": cut,
+            "stale_count": stale,
+            "active_count": len(rows) - stale,
+            "timeout": lease_timeout().total_seconds(),
+            "nav": "workers",
+        },
+    )
