@@ -1,0 +1,98 @@
+"""Every dashboard page and action: who may see it, which methods, CSRF."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from queues.models import Queue
+from queues.tests.factories import QueueFactory
+
+pytestmark = pytest.mark.django_db
+
+D = "/admin/dashboard"
+ANY_ID = "0b5e6a2c-8f5d-4b8e-9d0a-6f1f2a3b4c5d"
+
+PAGES = [
+    f"{D}/",
+    f"{D}/stream",
+    f"{D}/tasks/",
+    f"{D}/tasks/{ANY_ID}",
+    f"{D}/tasks/{ANY_ID}/status",
+    f"{D}/dlq/",
+    f"{D}/workers/",
+    f"{D}/queues/q/purge",
+]
+ACTIONS = [
+    f"{D}/queues/q/pause",
+    f"{D}/queues/q/resume",
+    f"{D}/queues/q/purge",
+    f"{D}/tasks/{ANY_ID}/cancel",
+    f"{D}/dlq/replay",
+    f"{D}/dlq/discard",
+    f"{D}/dlq/{ANY_ID}/replay",
+    f"{D}/dlq/{ANY_ID}/discard",
+]
+
+
+# Access ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", PAGES + ACTIONS)
+def test_access__anonymous_is_sent_to_the_admin_login(path: str) -> None:
+    QueueFactory(name="q")
+    method = Client().post if path in ACTIONS else Client().get
+
+    response = method(path)
+
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/?next=")
+
+
+@pytest.mark.parametrize("path", PAGES + ACTIONS)
+def test_access__a_logged_in_user_who_is_not_staff_is_refused(path: str) -> None:
+    QueueFactory(name="q")
+    client = Client()
+    client.force_login(User.objects.create_user("visitor", password="x"))
+    method = client.post if path in ACTIONS else client.get
+
+    response = method(path)
+
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+    assert Queue.objects.get(name="q").paused is False
+
+
+@pytest.mark.parametrize("path", [p for p in ACTIONS if not p.endswith("/purge")])
+def test_actions__answer_405_to_get(path: str, staff_client: Client) -> None:
+    QueueFactory(name="q")
+
+    assert staff_client.get(path).status_code == 405
+
+
+@pytest.mark.parametrize("path", [f"{D}/", f"{D}/tasks/", f"{D}/dlq/", f"{D}/workers/"])
+def test_pages__answer_405_to_post(path: str, staff_client: Client) -> None:
+    assert staff_client.post(path).status_code == 405
+
+
+@pytest.mark.parametrize("path", ACTIONS)
+def test_actions__refuse_a_post_without_the_csrf_token(path: str, csrf_client: Client) -> None:
+    QueueFactory(name="q")
+
+    response = csrf_client.post(path, {"confirm": "q", "all": "1"})
+
+    assert response.status_code == 403
+    assert Queue.objects.get(name="q").paused is False
+
+
+def test_actions__accept_a_post_with_the_csrf_token(csrf_client: Client) -> None:
+    QueueFactory(name="q")
+    csrf_client.get(f"{D}/")  # sets the CSRF cookie, as a browser would
+
+    response = csrf_client.post(
+        f"{D}/queues/q/pause", {"csrfmiddlewaretoken": csrf_client.cookies["csrftoken"].value}
+    )
+
+    assert response.status_code == 302
+    assert Queue.objects.get(name="q").paused is True
