@@ -6,13 +6,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from dashboard.tests.pages import ANY_ID, D
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
 
 pytestmark = pytest.mark.django_db
 
-D = "/admin/dashboard"
-ANY_ID = "0b5e6a2c-8f5d-4b8e-9d0a-6f1f2a3b4c5d"
 
 PAGES = [
     f"{D}/",

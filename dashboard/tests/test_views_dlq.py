@@ -11,6 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard import queries
+from dashboard.tests.pages import ANY_ID, D, flashed
 from dlq import services as dlq_services
 from dlq.models import DeadLetterTask
 from queues.models import Queue
@@ -21,12 +22,6 @@ from tasks.tests.factories import TaskFactory
 pytestmark = pytest.mark.django_db
 
 S = TaskStatus
-D = "/admin/dashboard"
-ANY_ID = "0b5e6a2c-8f5d-4b8e-9d0a-6f1f2a3b4c5d"
-
-
-def _messages(response: Any) -> list[str]:
-    return [str(m) for m in response.context["messages"]]
 
 
 # Dead-letter queue -------------------------------------------------------------------
@@ -106,7 +101,7 @@ def test_dlq_replay__selected_ids_across_queues(
         follow=True,
     )
 
-    assert _messages(response) == ["Replayed 2 tasks."]
+    assert flashed(response) == ["Replayed 2 tasks."]
     statuses = dict(Task.objects.values_list("pk", "status"))
     assert statuses[first.pk] == statuses[second.pk] == S.PENDING
     assert statuses[kept.pk] == S.DEAD
@@ -117,7 +112,7 @@ def test_dlq_replay__selected_ids_across_queues(
 def test_dlq_replay__nothing_selected_is_a_warning(staff_client: Client) -> None:
     response = staff_client.post(f"{D}/dlq/replay", follow=True)
 
-    assert "Select the tasks to replay first." in _messages(response)
+    assert "Select the tasks to replay first." in flashed(response)
 
 
 def test_dlq_replay__all_of_one_queue(staff_client: Client) -> None:
@@ -127,7 +122,7 @@ def test_dlq_replay__all_of_one_queue(staff_client: Client) -> None:
 
     response = staff_client.post(f"{D}/dlq/replay", {"all": "1", "queue": "a"}, follow=True)
 
-    assert _messages(response) == ["Replayed 3 tasks."]
+    assert flashed(response) == ["Replayed 3 tasks."]
     assert set(Task.objects.filter(status=S.PENDING).values_list("pk", flat=True)) == {
         t.pk for t in in_a
     }
@@ -158,8 +153,8 @@ def test_dlq_replay_one__and_a_task_no_longer_dead(staff_client: Client) -> None
 
     task.refresh_from_db()
     assert task.status == S.PENDING and task.attempts == 0
-    assert "Task replayed" in _messages(first)[0]
-    assert "not dead any more" in _messages(again)[0]
+    assert "Task replayed" in flashed(first)[0]
+    assert "not dead any more" in flashed(again)[0]
 
 
 def test_dlq_discard__selected_dead_tasks_are_gone_for_good(staff_client: Client) -> None:
@@ -171,7 +166,7 @@ def test_dlq_discard__selected_dead_tasks_are_gone_for_good(staff_client: Client
         f"{D}/dlq/discard", {"ids": [str(t.pk) for t in dead] + [str(alive.pk)]}, follow=True
     )
 
-    assert _messages(response) == ["Discarded 2 tasks for good."]
+    assert flashed(response) == ["Discarded 2 tasks for good."]
     assert list(Task.objects.values_list("pk", flat=True)) == [alive.pk]
     assert not DeadLetterTask.objects.exists()
 
@@ -193,4 +188,4 @@ def test_dlq_discard_one__refuses_a_task_that_is_not_dead(staff_client: Client) 
     response = staff_client.post(f"{D}/dlq/{task.pk}/discard", follow=True)
 
     assert Task.objects.filter(pk=task.pk).exists()
-    assert "nothing was discarded" in _messages(response)[0]
+    assert "nothing was discarded" in flashed(response)[0]

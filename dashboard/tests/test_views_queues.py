@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from dashboard.tests.pages import D, flashed
 from queues import services as queue_services
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
@@ -16,12 +17,6 @@ from tasks.tests.factories import TaskFactory
 pytestmark = pytest.mark.django_db
 
 S = TaskStatus
-D = "/admin/dashboard"
-ANY_ID = "0b5e6a2c-8f5d-4b8e-9d0a-6f1f2a3b4c5d"
-
-
-def _messages(response: Any) -> list[str]:
-    return [str(m) for m in response.context["messages"]]
 
 
 # Queue overview ----------------------------------------------------------------------
@@ -92,7 +87,7 @@ def test_pause_and_resume__go_through_queue_services(
 
     response = staff_client.post(f"{D}/queues/q/pause", follow=True)
     assert Queue.objects.get(name="q").paused is True
-    assert "Paused queue q" in _messages(response)[0]
+    assert "Paused queue q" in flashed(response)[0]
     staff_client.post(f"{D}/queues/q/resume")
     assert Queue.objects.get(name="q").paused is False
     assert calls == [{"paused": True}, {"paused": False}]
@@ -145,7 +140,7 @@ def test_purge__cancels_tasks_not_started_and_keeps_the_others(staff_client: Cli
 
     response = staff_client.post(f"{D}/queues/q/purge", {"confirm": "q"}, follow=True)
 
-    assert "2 tasks cancelled" in _messages(response)[0]
+    assert "2 tasks cancelled" in flashed(response)[0]
     statuses = dict(Task.objects.values_list("pk", "status"))
     assert [statuses[t.pk] for t in waiting] == [S.CANCELLED, S.CANCELLED]
     assert statuses[running.pk] == S.EXECUTING

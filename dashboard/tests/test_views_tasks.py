@@ -11,6 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard import queries
+from dashboard.tests.pages import ANY_ID, D, flashed
 from queues.tests.factories import QueueFactory
 from tasks import transitions
 from tasks.models import Task, TaskEvent, TaskStatus
@@ -20,12 +21,6 @@ from workers import heartbeats
 pytestmark = pytest.mark.django_db
 
 S = TaskStatus
-D = "/admin/dashboard"
-ANY_ID = "0b5e6a2c-8f5d-4b8e-9d0a-6f1f2a3b4c5d"
-
-
-def _messages(response: Any) -> list[str]:
-    return [str(m) for m in response.context["messages"]]
 
 
 # Task inspector ----------------------------------------------------------------------
@@ -223,7 +218,7 @@ def test_cancel__moves_a_waiting_task_through_the_transition(
     task.refresh_from_db()
     assert task.status == S.CANCELLED
     assert TaskEvent.objects.filter(task=task, to_status=S.CANCELLED).count() == 1
-    assert _messages(response) == ["Task cancelled."]
+    assert flashed(response) == ["Task cancelled."]
 
 
 @pytest.mark.parametrize("status", [S.EXECUTING, S.DONE, S.DEAD])
@@ -234,7 +229,7 @@ def test_cancel__refuses_a_task_that_ran(status: str, staff_client: Client) -> N
 
     task.refresh_from_db()
     assert task.status == status
-    assert "can no longer be cancelled" in _messages(response)[0]
+    assert "can no longer be cancelled" in flashed(response)[0]
 
 
 def test_cancel__locks_the_row_and_calls_transitions_cancel(

@@ -9,13 +9,11 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from dashboard.tests.pages import D
 from tasks.tests.factories import TaskFactory
 from workers.models import Worker
 
 pytestmark = pytest.mark.django_db
-
-D = "/admin/dashboard"
-ANY_ID = "0b5e6a2c-8f5d-4b8e-9d0a-6f1f2a3b4c5d"
 
 
 # Workers -----------------------------------------------------------------------------
