@@ -29,7 +29,6 @@ class _Conf:
     BUFFER_RECONCILE_SECONDS: float
     MAX_TICK_FAILURES: int
     METRICS_TOKEN: str
-    BIND: str
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names without a value: the annotated ones, or typos.

@@ -30,6 +30,8 @@ ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 # TaskForge's tunables. Code reads them through `taskforge.conf.conf` at call
 # time (`conf.BUFFER_SIZE`), so tests can change them with the `settings` fixture;
 # conf lists the same names and types, and a test keeps the two in step.
+# gunicorn's TASKFORGE_BIND, _WEB_WORKERS and _WEB_THREADS are read in
+# gunicorn.conf.py only: the gunicorn master reads them before it loads Django.
 TASKFORGE_MAX_REQUEST_BYTES: int = env.int("TASKFORGE_MAX_REQUEST_BYTES", default=10_485_760)
 TASKFORGE_MAX_PAYLOAD_BYTES: int = env.int("TASKFORGE_MAX_PAYLOAD_BYTES", default=262_144)
 TASKFORGE_RETRY_BASE_MS: int = env.int("TASKFORGE_RETRY_BASE_MS", default=1000)
@@ -53,7 +55,6 @@ TASKFORGE_BUFFER_RECONCILE_SECONDS: float = env.float(
 # 0: a loop never gives up on its own.
 TASKFORGE_MAX_TICK_FAILURES: int = env.int("TASKFORGE_MAX_TICK_FAILURES", default=0)
 TASKFORGE_METRICS_TOKEN: str = env.str("TASKFORGE_METRICS_TOKEN", default="")
-TASKFORGE_BIND: str = env.str("TASKFORGE_BIND", default="0.0.0.0:8080")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
