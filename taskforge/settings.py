@@ -126,17 +126,25 @@ else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 REDIS_URL = env("REDIS_URL")
+# Django's cache, in REDIS_URL's db, holds what the API processes share (the
+# dashboard's queue snapshot).  Its keys read `taskforge:<version>:<key>`, apart
+# from the dispatch buffer's `tf:*`.  A cache is an optimisation: when Redis
+# is slow or down, a read misses and a write is dropped (logged) after at most
+# half a second, and the request goes on.
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "taskforge",
         "OPTIONS": {
-            "SOCKET_CONNECT_TIMEOUT": 2,
-            "SOCKET_TIMEOUT": 5,
+            "SOCKET_CONNECT_TIMEOUT": 0.5,
+            "SOCKET_TIMEOUT": 0.5,
+            "IGNORE_EXCEPTIONS": True,
         },
-        "KEY_PREFIX": "taskforge:cache",
     }
 }
+DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
+DJANGO_REDIS_LOGGER = "taskforge.cache"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
