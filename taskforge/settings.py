@@ -207,7 +207,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {"TaskStatusEnum": "tasks.models.TaskStatus.choices"},
 }
 
-# Records skip the caller/thread/process lookups that no JSON line prints.
+# Records skip the thread and process lookups that no JSON line prints.
 lean_records()
 LOGGING = {
     "version": 1,

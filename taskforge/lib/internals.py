@@ -43,6 +43,11 @@ Django: model instances from raw rows (instances_from_rows)
     enqueue.  Kept.
     Guard: builds the same instances as `raw` for real rows, deferred fields
     and extra columns included.
+
+Dropped: `logging._srcfile = None` (records skip the caller lookup).  It
+saved 0.95 us a record (8.11 against 7.16 us, JSON formatter included); a
+request writes two or three records, so ~3 us (0.1 %).  Records now carry
+their caller's file and line again; the JSON lines do not print them.
 """
 
 from __future__ import annotations
