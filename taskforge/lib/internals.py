@@ -15,8 +15,9 @@ prometheus_client: `values.ValueClass` (count_in_files, count_in_memory)
     host-pid, not pid, so containers sharing the directory (each its own pid
     1) never write the same file; a set but empty PROMETHEUS_MULTIPROC_DIR
     counts in memory instead of writing files into the working directory.
-    Cost: 0.80 us per counter inc against 0.74 us with pid names (0.24 us in
-    memory): nothing at a dozen increments per request.
+    Cost: none measurable: 0.80 against 0.74 us per counter inc with pid
+    names in one run, 2.1 against 3.0 us in a noisier one (in memory: 0.24
+    to 0.59 us); a request makes about a dozen increments.
     Guard: ValueClass, MutexValue and MultiProcessValue(process_identifier)
     exist, metrics made after the swap use the new class, and the files
     carry the identifier in their names.
@@ -28,8 +29,10 @@ psycopg: timestamptz with psycopg's C loader (load_timestamptz_in_c)
     Django's loader pins, and on a Django cursor's `.cursor` being psycopg's.
     Saves: 2.6 us against 0.13 us per value (loader alone); 23.4 ms against
     1.8 ms to fetch 1000 rows of 8 (2.7 us a value).  A task row carries 8,
-    so ~22 us per task moved: ~0.2 ms for a claim of 10 tasks, ~21 ms for a
-    batch enqueue of 1000.  Kept.
+    so ~22 us per task moved: under the bar for a one-task claim or ack,
+    over it from three tasks a request (the SDK's runtime claims as many as
+    it has free slots, up to 100): ~0.2 ms for a claim of 10, ~21 ms for a
+    batch enqueue of 1000.  A second run: 2.5/0.13 us, 22.8/2.2 ms.  Kept.
     Guard: the loader is psycopg's C one, and loads timestamps of the test
     Postgres exactly as Django's loader does, tzinfo included.
 
@@ -37,17 +40,19 @@ Django: model instances from raw rows (instances_from_rows)
     What: `Model.from_db` plus the fields' converters, with the column layout
     worked out once per column list, instead of `Model.objects.raw`; relies
     on `from_db`'s signature and on converters of `get_col()` expressions.
-    Saves: the per-query setup of `raw`, ~60 us whatever the row count
+    Saves: the per-query setup of `raw`, 60-70 us whatever the row count
     (query, fetch and build: 224 against 164 us for 1 row, 476 against 412
-    us for 10, 3079 against 3023 us for 100); once per claim, ack and
-    enqueue.  Kept.
+    us for 10, 3079 against 3023 us for 100; a second run: 191/128,
+    435/362, 3339/2732); once per claim, ack and enqueue.  Kept, just
+    over the bar.
     Guard: builds the same instances as `raw` for real rows, deferred fields
     and extra columns included.
 
 Dropped: `logging._srcfile = None` (records skip the caller lookup).  It
-saved 0.95 us a record (8.11 against 7.16 us, JSON formatter included); a
-request writes two or three records, so ~3 us (0.1 %).  Records now carry
-their caller's file and line again; the JSON lines do not print them.
+saved 1 us a record (8.11 against 7.16 us, JSON formatter included; 10.1
+against 8.9 in a second run); a request writes two or three records, so
+~3 us (0.1 %).  Records now carry their caller's file and line again; the
+JSON lines do not print them.
 """
 
 from __future__ import annotations
