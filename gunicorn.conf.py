@@ -14,6 +14,7 @@ import os
 
 from taskforge import metrics
 
+# The server's own settings (README, Configuration) are read here and nowhere else.
 bind = os.environ.get("TASKFORGE_BIND", "0.0.0.0:8080")
 worker_class = "gthread"
 workers = int(os.environ.get("TASKFORGE_WEB_WORKERS", multiprocessing.cpu_count()))

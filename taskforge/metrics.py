@@ -43,8 +43,10 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Histogram, multiprocess, values
+from prometheus_client import REGISTRY, Counter, Histogram, multiprocess
 from prometheus_client.registry import Collector
+
+from taskforge.lib import internals
 
 logger = logging.getLogger("taskforge.metrics")
 
@@ -79,11 +81,11 @@ if MULTIPROC_DIR:
     # taskforge.api's AppConfig.ready() imports this module, which runs before
     # Django builds its middleware (django-prometheus's metrics) and before
     # any transition.
-    values.ValueClass = values.MultiProcessValue(process_identifier)
+    internals.count_in_files(process_identifier)
 elif "PROMETHEUS_MULTIPROC_DIR" in os.environ:
     # Set but empty: prometheus_client would write files into the working
     # directory; count in memory instead.
-    values.ValueClass = values.MutexValue
+    internals.count_in_memory()
 
 # --- counted metrics -------------------------------------------------------------
 

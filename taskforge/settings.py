@@ -1,7 +1,7 @@
 """Django settings for TaskForge.
 
-Every value comes from the environment and is declared here with its type and
-default; the TASKFORGE_* tunables and their defaults are listed in `conf.py`.
+Every value comes from the environment and is declared here, one line each,
+with its type and default (the TASKFORGE_* tunables included).
 Secure by default: DEBUG is off and SECRET_KEY and DATABASE_URL are required.
 """
 
@@ -11,7 +11,6 @@ from pathlib import Path
 
 import environ
 
-from taskforge.conf import DEFAULTS
 from taskforge.lib.logging import lean_records
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -28,10 +27,34 @@ DEBUG = env("DEBUG")
 SECRET_KEY = env("SECRET_KEY", default="insecure-debug-only-key" if DEBUG else environ.Env.NOTSET)
 ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 
-for _name, (_type, _default) in DEFAULTS.items():
-    globals()[f"TASKFORGE_{_name}"] = env.get_value(
-        f"TASKFORGE_{_name}", cast=_type, default=_default
-    )
+# TaskForge's tunables. Code reads them through `taskforge.conf.conf` at call
+# time (`conf.BUFFER_SIZE`), so tests can change them with the `settings` fixture;
+# conf lists the same names and types, and a test keeps the two in step.
+# gunicorn's TASKFORGE_BIND, _WEB_WORKERS and _WEB_THREADS are read in
+# gunicorn.conf.py only: the gunicorn master reads them before it loads Django.
+TASKFORGE_MAX_REQUEST_BYTES: int = env.int("TASKFORGE_MAX_REQUEST_BYTES", default=10_485_760)
+TASKFORGE_MAX_PAYLOAD_BYTES: int = env.int("TASKFORGE_MAX_PAYLOAD_BYTES", default=262_144)
+TASKFORGE_RETRY_BASE_MS: int = env.int("TASKFORGE_RETRY_BASE_MS", default=1000)
+TASKFORGE_RETRY_MAX_DELAY_MS: int = env.int("TASKFORGE_RETRY_MAX_DELAY_MS", default=3_600_000)
+TASKFORGE_SCHEDULER_TICK_SECONDS: float = env.float("TASKFORGE_SCHEDULER_TICK_SECONDS", default=1.0)
+# The dispatcher's fallback pass; a NOTIFY wakes it sooner.
+TASKFORGE_DISPATCHER_TICK_SECONDS: float = env.float(
+    "TASKFORGE_DISPATCHER_TICK_SECONDS", default=1.0
+)
+# Buffered (claimed) tasks per queue in Redis.
+TASKFORGE_BUFFER_SIZE: int = env.int("TASKFORGE_BUFFER_SIZE", default=1000)
+TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS: float = env.float(
+    "TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS", default=30.0
+)
+TASKFORGE_WATCHDOG_INTERVAL_SECONDS: float = env.float(
+    "TASKFORGE_WATCHDOG_INTERVAL_SECONDS", default=15.0
+)
+TASKFORGE_BUFFER_RECONCILE_SECONDS: float = env.float(
+    "TASKFORGE_BUFFER_RECONCILE_SECONDS", default=30.0
+)
+# 0: a loop never gives up on its own.
+TASKFORGE_MAX_TICK_FAILURES: int = env.int("TASKFORGE_MAX_TICK_FAILURES", default=0)
+TASKFORGE_METRICS_TOKEN: str = env.str("TASKFORGE_METRICS_TOKEN", default="")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -104,17 +127,25 @@ else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 REDIS_URL = env("REDIS_URL")
+# Django's cache, in REDIS_URL's db, holds what the API processes share (the
+# dashboard's queue snapshot).  Its keys read `taskforge:<version>:<key>`, apart
+# from the dispatch buffer's `tf:*`.  A cache is an optimisation: when Redis
+# is slow or down, a read misses and a write is dropped (logged) after at most
+# half a second, and the request goes on.
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "taskforge",
         "OPTIONS": {
-            "SOCKET_CONNECT_TIMEOUT": 2,
-            "SOCKET_TIMEOUT": 5,
+            "SOCKET_CONNECT_TIMEOUT": 0.5,
+            "SOCKET_TIMEOUT": 0.5,
+            "IGNORE_EXCEPTIONS": True,
         },
-        "KEY_PREFIX": "taskforge:cache",
     }
 }
+DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
+DJANGO_REDIS_LOGGER = "taskforge.cache"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
@@ -136,7 +167,7 @@ STORAGES = {
 
 # Django refuses bodies past this size before any view reads them; the
 # middleware answers 413 for a declared Content-Length over it.
-DATA_UPLOAD_MAX_MEMORY_SIZE = globals()["TASKFORGE_MAX_REQUEST_BYTES"]
+DATA_UPLOAD_MAX_MEMORY_SIZE = TASKFORGE_MAX_REQUEST_BYTES
 
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_HTTPONLY = True
@@ -176,7 +207,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {"TaskStatusEnum": "tasks.models.TaskStatus.choices"},
 }
 
-# Records skip the caller/thread/process lookups that no JSON line prints.
+# Records skip the thread and process lookups that no JSON line prints.
 lean_records()
 LOGGING = {
     "version": 1,

@@ -18,7 +18,6 @@ Apps above `tasks` keep their own records of a move through `tasks.signals`
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
@@ -31,7 +30,7 @@ from queues import lookup
 from queues.models import Queue
 from queues.notify import wake_dispatchers
 from taskforge import metrics
-from taskforge.lib import jsonutil, pg
+from taskforge.lib import internals, jsonutil, pg
 from tasks import signals, sql
 from tasks.exceptions import InvalidTransition
 from tasks.lifecycle import Edge
@@ -408,53 +407,13 @@ def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) ->
         cursor.execute(query, params)
         names = [column.name for column in cursor.description]
         rows = cursor.fetchall()
-    tasks = _tasks_from_rows(names, rows)
+    tasks = internals.instances_from_rows(Task, names, rows, using=connection.alias)
     missing = {task.queue_id for task in tasks} - set(queues or {})
     if missing:
         queues = {**(queues or {}), **lookup.by_ids(missing)}
     for task in tasks:
         task.queue = queues[task.queue_id]  # type: ignore[index]
     return tasks
-
-
-def _tasks_from_rows(names: list[str], rows: list[tuple[Any, ...]]) -> list[Task]:
-    """Task instances from rows of sql.TASK_COLUMNS plus extra columns (set as attributes).
-
-    What Task.objects.raw does, without its per-query setup: the hot paths
-    run this for every claim and ack.
-    """
-    attnames, positions, converters, extras = _row_layout(tuple(names))
-    db = connection.alias
-    tasks = []
-    for row in rows:
-        values = [row[i] for i in positions]
-        for k, convert in converters:
-            values[k] = convert(values[k], None, connection)
-        task = Task.from_db(db, attnames, values)
-        for name, i in extras:
-            setattr(task, name, row[i])
-        tasks.append(task)
-    return tasks
-
-
-@functools.lru_cache(maxsize=32)
-def _row_layout(
-    names: tuple[str, ...],
-) -> tuple[list[str], list[int], list[tuple[int, Any]], list[tuple[str, int]]]:
-    """For rows with these columns: Task's attnames, the row index of each, the
-    fields' from_db_value converters, and the extra columns.  The same few
-    statements run over and over: worked out once per column list."""
-    index = {name: i for i, name in enumerate(names)}
-    fields = Task._meta.concrete_fields
-    attnames = [field.attname for field in fields]
-    converters = [
-        (k, field.from_db_value)
-        for k, field in enumerate(fields)
-        if hasattr(field, "from_db_value")
-    ]
-    known = set(attnames)
-    extras = [(name, i) for name, i in index.items() if name not in known]
-    return attnames, [index[name] for name in attnames], converters, extras
 
 
 def _log_rows(

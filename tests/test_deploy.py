@@ -23,8 +23,6 @@ import pytest
 import yaml
 from django.core.management import get_commands
 
-from taskforge.conf import DEFAULTS
-
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
@@ -46,7 +44,6 @@ def setting_names() -> set[str]:
     env_block = re.search(r"environ\.FileAwareEnv\((.*?)\n\)", settings_src, re.S)
     assert env_block is not None
     names |= set(re.findall(r"^\s*([A-Z_][A-Z0-9_]*)=", env_block.group(1), re.M))
-    names |= {f"TASKFORGE_{name}" for name in DEFAULTS}
     for path in (ROOT / "gunicorn.conf.py", ROOT / "taskforge" / "metrics.py"):
         names |= set(
             re.findall(r"os\.environ(?:\.get\(|\[)\s*\"([A-Z_][A-Z0-9_]*)\"", path.read_text())

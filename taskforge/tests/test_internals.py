@@ -1,0 +1,140 @@
+"""The leans of taskforge/lib/internals.py still hold on the installed dependencies.
+
+A failure here means an upgrade changed a private or undocumented behaviour
+that TaskForge relies on: fix (or drop) the lean in taskforge/lib/internals.py
+and update its docstring, rather than this test.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+from django.db.models import Model
+from prometheus_client import Counter, multiprocess, values
+
+from queues.models import Queue
+from taskforge.lib import internals
+from tasks.models import Task
+from tasks.tests.factories import TaskFactory
+
+FIX = "a dependency changed under taskforge/lib/internals.py: fix the lean there"
+
+
+# --- prometheus_client ----------------------------------------------------------------
+
+
+def test_prometheus_value_class_is_what_we_replace() -> None:
+    assert hasattr(values, "ValueClass"), FIX
+    assert hasattr(values, "MutexValue"), FIX
+    assert callable(getattr(values, "MultiProcessValue", None)), FIX
+
+
+def test_prometheus_count_in_files_names_them_by_our_identifier(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(values, "ValueClass", values.ValueClass)  # restored after the test
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    internals.count_in_files(lambda: "somehost-4242")
+    # Metrics made after the swap use the new class: they look it up on the
+    # module when they make a value.
+    value_class: Any = values.ValueClass
+    try:
+        counter = Counter("internals_probe", "Probe.", ["queue"], registry=None)
+        counter.labels(queue="emails").inc(3)
+        assert [path.name for path in tmp_path.iterdir()] == ["counter_somehost-4242.db"], FIX
+        collected = {
+            sample.name: sample.value
+            for metric in multiprocess.MultiProcessCollector(None, path=str(tmp_path)).collect()
+            for sample in metric.samples
+        }
+        assert collected == {"internals_probe_total": 3.0}, FIX
+    finally:
+        value_class.close_all_files()
+
+
+def test_prometheus_count_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(values, "ValueClass", values.ValueClass)
+    internals.count_in_memory()
+    counter = Counter("internals_memory_probe", "Probe.", registry=None)
+    counter.inc(2)
+    assert counter._value.get() == 2.0, FIX
+
+
+# --- psycopg ------------------------------------------------------------------------------
+
+
+def test_psycopg_timestamptz_loader_is_the_c_one() -> None:
+    assert psycopg.pq.__impl__ in ("binary", "c"), FIX
+    assert internals.TIMESTAMPTZ_LOADER.__module__.startswith(("psycopg_binary", "psycopg_c")), FIX
+
+
+@pytest.mark.django_db
+def test_psycopg_c_loader_loads_timestamptz_as_django_does() -> None:
+    text = "2026-11-30 05:09:23.075089+05:30"
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW TimeZone")
+        assert cursor.fetchone()[0] == "UTC", FIX
+        cursor.execute("SELECT %s::timestamptz", [text])
+        (by_django,) = cursor.fetchone()
+    with connection.cursor() as cursor:
+        assert isinstance(cursor.cursor, psycopg.Cursor), FIX
+        internals.load_timestamptz_in_c(cursor)
+        cursor.execute("SELECT %s::timestamptz", [text])
+        (by_c,) = cursor.fetchone()
+    expected = dt.datetime(2026, 11, 29, 23, 39, 23, 75089, tzinfo=dt.UTC)
+    assert by_c == by_django == expected, FIX
+    assert by_c.tzinfo is by_django.tzinfo is dt.UTC, FIX
+
+
+# --- Django --------------------------------------------------------------------------------
+
+
+def fetch(query: str, params: list[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return [column.name for column in cursor.description], cursor.fetchall()
+
+
+def state(instance: Model) -> dict[str, Any]:
+    """What an instance holds, but for its ModelState (compared separately)."""
+    held = {k: v for k, v in vars(instance).items() if k != "_state"}
+    return held | {"_db": instance._state.db, "_adding": instance._state.adding}
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("redis_client")
+@pytest.mark.parametrize(
+    "columns",
+    [
+        "t.*, t.status_changed_at AS previous_changed_at",  # every field and an extra
+        "t.id, t.status, t.payload, 42 AS rank",  # the others deferred
+    ],
+)
+def test_instances_from_rows_builds_what_raw_builds(columns: str) -> None:
+    TaskFactory(status="executing", payload={"to": "someone@example.com", "n": [1, 2]})
+    TaskFactory(status="done")
+    query = f"SELECT {columns} FROM tasks_task t ORDER BY t.id"
+    by_raw = list(Task.objects.raw(query))
+    built = internals.instances_from_rows(Task, *fetch(query, []))
+    assert [state(task) for task in built] == [state(task) for task in by_raw], FIX
+    assert [t.get_deferred_fields() for t in built] == [t.get_deferred_fields() for t in by_raw]
+    assert isinstance(built[0].payload, dict), FIX  # the JSONField's converter ran
+
+
+@pytest.mark.django_db
+def test_instances_from_rows_is_generic_over_the_model() -> None:
+    Queue.objects.create(name="emails", max_retries=2)
+    query = "SELECT * FROM queues_queue"
+    by_raw = list(Queue.objects.raw(query))
+    built = internals.instances_from_rows(Queue, *fetch(query, []))
+    assert [state(queue) for queue in built] == [state(queue) for queue in by_raw], FIX
+
+
+def test_instances_from_rows_needs_the_primary_key() -> None:
+    with pytest.raises(ValueError, match="primary key"):
+        internals.instances_from_rows(Task, ["status"], [("pending",)])
