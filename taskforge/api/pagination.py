@@ -50,7 +50,7 @@ class KeysetPaginator:
         self.after = self._decode(request.query_params.get("cursor"))
         self.next_values: list[Any] | None = None
 
-    def paginate(self, queryset: QuerySet) -> list[Model]:
+    def paginate(self, queryset: QuerySet[Model]) -> list[Model]:
         queryset = queryset.order_by(*self.ordering)
         if self.after is not None:
             try:
