@@ -592,7 +592,9 @@ class CpuMeter:
         return totals
 
     @staticmethod
-    def delta(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
+    def delta(
+        before: dict[str, float], after: dict[str, float], seconds: float
+    ) -> dict[str, float]:
         """Cores used per component (CPU seconds / wall seconds)."""
         return {
             k: round((after.get(k, 0.0) - before.get(k, 0.0)) / seconds, 3)
