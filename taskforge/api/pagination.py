@@ -11,7 +11,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -21,6 +21,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from taskforge.lib.timeutil import parse_time
+
+_M = TypeVar("_M", bound=Model)
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
@@ -50,7 +52,7 @@ class KeysetPaginator:
         self.after = self._decode(request.query_params.get("cursor"))
         self.next_values: list[Any] | None = None
 
-    def paginate(self, queryset: QuerySet[Model]) -> list[Model]:
+    def paginate(self, queryset: QuerySet[_M]) -> list[_M]:
         queryset = queryset.order_by(*self.ordering)
         if self.after is not None:
             try:
