@@ -17,6 +17,9 @@ from django.template.response import TemplateResponse
 
 from taskforge.api.models import ApiKey
 
+# The request attribute that carries a new key from save_model to response_add.
+_ISSUED_KEY = "_taskforge_issued_key"
+
 # Django's ModelAdmin takes no type arguments at run time.
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[ApiKey]
@@ -49,12 +52,12 @@ class ApiKeyAdmin(_ModelAdmin):
         issued, key = ApiKey.issue(name=obj.name, role=obj.role)
         obj.pk, obj.key_hash, obj.created_at = issued.pk, issued.key_hash, issued.created_at
         obj._state.adding = False
-        request._taskforge_issued_key = key  # type: ignore[attr-defined]
+        setattr(request, _ISSUED_KEY, key)
 
     def response_add(
         self, request: HttpRequest, obj: ApiKey, post_url_continue: str | None = None
     ) -> HttpResponse:
-        key = getattr(request, "_taskforge_issued_key", None)
+        key = getattr(request, _ISSUED_KEY, None)
         if key is None:
             return super().response_add(request, obj, post_url_continue)
         return TemplateResponse(
