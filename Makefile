@@ -23,7 +23,7 @@ export VIRTUAL_ENV := $(abspath $(VENV))
 help:
 	@echo "make run     start the API on http://localhost:8080 (Ctrl-C stops everything)"
 	@echo "make test    run the test suite (ARGS=\"-k foo\" passes arguments to pytest)"
-	@echo "make lint    ruff check + ruff format --check"
+	@echo "make lint    ruff check + ruff format --check + mypy (type checking)"
 	@echo "make fmt     format and autofix with ruff"
 	@echo "make bench   throughput and latency figures (ARGS=\"--runs 5\" passes arguments)"
 	@echo "make clean   remove .venv and the local data in $(DATA)/"
@@ -67,6 +67,7 @@ test: $(STAMP) $(BROWSER_STAMP)
 lint: $(STAMP)
 	ruff check .
 	ruff format --check .
+	mypy .
 
 fmt: $(STAMP)
 	ruff format .
@@ -82,4 +83,4 @@ clean:
 	@if [ -x $(VENV)/bin/python ] && [ -d $(DATA) ]; then \
 	  $(DEVSERVICES) stop --data $(DATA) || { \
 	    echo "Not removing $(DATA): stop 'make run' first (or delete it by hand)" >&2; exit 1; }; fi
-	rm -rf $(VENV) $(DATA) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(DATA) .pytest_cache .ruff_cache .mypy_cache *.egg-info

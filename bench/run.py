@@ -515,7 +515,7 @@ class BenchError(Exception):
 try:
     import psutil
 except ImportError:  # pragma: no cover - psutil comes with the `local` extra
-    psutil = None  # type: ignore[assignment]
+    psutil = None  # type: ignore[assignment]  # a module or None has no type of its own
 
 
 MACHINE = "_machine"
@@ -592,7 +592,9 @@ class CpuMeter:
         return totals
 
     @staticmethod
-    def delta(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
+    def delta(
+        before: dict[str, float], after: dict[str, float], seconds: float
+    ) -> dict[str, float]:
         """Cores used per component (CPU seconds / wall seconds)."""
         return {
             k: round((after.get(k, 0.0) - before.get(k, 0.0)) / seconds, 3)
@@ -649,7 +651,12 @@ def pg_settings(libpq_url: str) -> dict[str, str]:
 
     names = ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections")
     with psycopg.connect(libpq_url, connect_timeout=5) as conn:
-        return {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]
+        values: dict[str, str] = {}
+        for name in names:
+            row = conn.execute(f"SHOW {name}").fetchone()
+            assert row is not None, name  # SHOW answers one row
+            values[name] = str(row[0])
+        return values
 
 
 def git_describe() -> str:
@@ -1095,17 +1102,18 @@ class Bench:
             at[(task_id, from_status, to_status)] = epoch
         segments: dict[str, list[float]] = {name: [] for name in LATENCY_SEGMENTS}
         for task_id, sent, received in timelines:
-            points = [
+            found = [
                 sent,
                 at.get((task_id, None, "pending")),
                 at.get((task_id, "pending", "claimed")),
                 at.get((task_id, "claimed", "executing")),
                 received,
             ]
-            if any(p is None for p in points):
+            points = [p for p in found if p is not None]
+            if len(points) < len(found):
                 continue
             for name, a, b in zip(LATENCY_SEGMENTS, points, points[1:], strict=False):
-                segments[name].append((b - a) * 1000)  # type: ignore[operator]
+                segments[name].append((b - a) * 1000)
         out: dict[str, Any] = {}
         for name, values in segments.items():
             values.sort()

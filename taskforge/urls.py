@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from dashboard import metrics as metrics_views
@@ -18,7 +18,7 @@ handler500 = "taskforge.api.handlers.server_error"
 
 Q = "queues/<str:name>"
 
-urlpatterns = [
+urlpatterns: list[URLPattern | URLResolver] = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics_views.metrics, name="metrics"),

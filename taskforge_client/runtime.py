@@ -401,7 +401,8 @@ def load_handler(spec: str) -> Handler:
         target = getattr(target, part)
     if not callable(target):
         raise TypeError(f"{spec} is not callable")
-    return target  # type: ignore[no-any-return]
+    handler: Handler = target
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:

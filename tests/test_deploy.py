@@ -55,12 +55,14 @@ def setting_names() -> set[str]:
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
-    return yaml.safe_load(COMPOSE.read_text())
+    document: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return document
 
 
 @pytest.fixture(scope="module")
 def services(compose: dict[str, Any]) -> dict[str, Any]:
-    return compose["services"]
+    services: dict[str, Any] = compose["services"]
+    return services
 
 
 def test_setting_names_found() -> None:

@@ -15,8 +15,9 @@ from django.test import Client
 from rest_framework import status
 from rest_framework.test import APIClient
 
+from queues.models import Queue
 from queues.tests.factories import QueueFactory
-from tests.helpers import assert_error
+from tests.helpers import assert_error, send_raw
 from tests.urls_boom import SECRET
 
 pytestmark = pytest.mark.django_db
@@ -30,7 +31,8 @@ def assert_no_internals(response: Any) -> None:
 
 @pytest.fixture
 def queue() -> str:
-    return QueueFactory(name="err-q").name
+    queue: Queue = QueueFactory(name="err-q")
+    return queue.name
 
 
 @pytest.fixture
@@ -211,7 +213,7 @@ def test_postgres_down__api_is_json_unavailable_and_probes_tell(closed_postgres:
         ("POST", "/queues", b'{"name": "q"}'),
         ("POST", "/queues/q/tasks", b'{"payload": 1}'),
     ]:
-        response = client.generic(method, path, body or b"", content_type="application/json")
+        response = send_raw(client, method, path, body or b"", content_type="application/json")
         assert_error(response, status.HTTP_503_SERVICE_UNAVAILABLE, "unavailable")
         assert response["Retry-After"]
         assert_no_internals(response)
@@ -299,8 +301,10 @@ def test_readyz__postgres_down_is_503_with_checks() -> None:
     ],
 )
 def test_accept__json_or_406(admin_client: APIClient, accept: str | None, expected: int) -> None:
-    headers = {} if accept is None else {"HTTP_ACCEPT": accept}
-    response = admin_client.get("/queues", **headers)
+    if accept is None:
+        response = admin_client.get("/queues")
+    else:
+        response = admin_client.get("/queues", HTTP_ACCEPT=accept)
     assert response.status_code == expected, response.content
     assert response["Content-Type"] == "application/json"
     if expected == 406:

@@ -214,7 +214,8 @@ class Worker:
         }
         status, answer = self.api.call("POST", "/workers/claim", body, timeout=wait_seconds + 30)
         assert status == 200, f"claim by {self.id} -> {status}: {answer}"
-        return answer["tasks"]
+        tasks: list[dict[str, Any]] = answer["tasks"]
+        return tasks
 
     def heartbeat(self, task: dict[str, Any]) -> tuple[int, Any]:
         body = {"worker_id": self.id, "task_id": task["id"], "attempt": task["attempts"]}
@@ -247,7 +248,8 @@ class Worker:
 
 
 def create_queue(api: Clients, name: str, **fields: Any) -> dict[str, Any]:
-    return api.admin.ok("POST", "/queues", {"name": name, **fields})
+    created: dict[str, Any] = api.admin.ok("POST", "/queues", {"name": name, **fields})
+    return created
 
 
 def enqueue(api: Clients, queue: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -502,7 +504,7 @@ class Fleet:
 # -- the events table ------------------------------------------------------------------------
 
 
-def check_histories(queue: str, ledger: Ledger | None = None) -> dict[str, list[tuple]]:
+def check_histories(queue: str, ledger: Ledger | None = None) -> dict[str, list[tuple[Any, ...]]]:
     """Every task's events form a valid chain from null->pending to its status.
 
     Attempts count up by one per hand-out (from 0 again after a replay); when a
@@ -511,7 +513,7 @@ def check_histories(queue: str, ledger: Ledger | None = None) -> dict[str, list[
     """
     tasks = {str(t.id): t for t in Task.objects.filter(queue__name=queue)}
     rows = TaskEvent.objects.filter(queue__name=queue).order_by("task_id", "id")
-    histories: dict[str, list[tuple]] = defaultdict(list)
+    histories: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     for row in rows.values_list("task_id", "from_status", "to_status", "worker_id", "attempt"):
         histories[str(row[0])].append(row[1:])
     problems = []
@@ -682,7 +684,11 @@ def test_loops_sigkill__each_loop_killed_and_restarted_mid_run(
 
     def kill_each() -> None:
         for name, share in (("dispatcher", 0.1), ("scheduler", 0.3), ("watchdog", 0.5)):
-            wait_for(lambda s=share: terminal("killed") >= total * s, 40, f"{share:.0%} done")
+
+            def reached(share: float = share) -> bool:
+                return terminal("killed") >= total * share
+
+            wait_for(reached, 40, f"{share:.0%} done")
             service.kill(name)
             killed.append((name, terminal("killed"), total))
             time.sleep(0.7)  # work goes on without it
@@ -838,7 +844,7 @@ def test_lease__vanished_worker_task_retried_by_another(
     )
     poller.start()
     # C heartbeats every 0.4 s until B is answered and for 1.5 lease timeouts at least.
-    beats = []
+    beats: list[int] = []
     keep_until = time.monotonic() + 1.5 * timeout
     while (poller.is_alive() or time.monotonic() < keep_until) and len(beats) < 30:
         time.sleep(0.4)
@@ -921,14 +927,16 @@ def test_claim__priority_order_then_fifo(shared_service: Service, api: Clients) 
     """Mixed priorities enqueued while paused come out by priority, FIFO within one."""
     create_queue(api, "ordered", paused=True)
     rng = random.Random(7)
-    bodies = [{"payload": {"i": i}, "priority": rng.choice([1, 2, 5, 5, 9, 10])} for i in range(60)]
+    bodies: list[dict[str, Any]] = [
+        {"payload": {"i": i}, "priority": rng.choice([1, 2, 5, 5, 9, 10])} for i in range(60)
+    ]
     enqueue(api, "ordered", bodies[:50])  # one batch: one enqueue time, ties by creation
     for body in bodies[50:]:  # later enqueue times
         api.producer.ok("POST", "/queues/ordered/tasks", body)
     expected = [b["payload"]["i"] for b in sorted(bodies, key=lambda b: b["priority"])]
     api.admin.ok("POST", "/queues/ordered/resume")
     worker = api.worker("one-at-a-time")
-    got = []
+    got: list[int] = []
     while len(got) < len(bodies):
         [task] = worker.claim(["ordered"], wait_seconds=5)
         got.append(task["payload"]["i"])

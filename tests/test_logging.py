@@ -193,7 +193,9 @@ def test_settings__one_logging_configuration_all_json() -> None:
     assert settings.MIDDLEWARE[0] == "taskforge.api.request_log.RequestLogMiddleware"
     logging_config = settings.LOGGING
     assert logging_config["formatters"] == {"json": {"()": "taskforge.lib.logging.JsonFormatter"}}
-    assert all(h["formatter"] == "json" for h in logging_config["handlers"].values())
+    handlers = logging_config["handlers"]
+    assert isinstance(handlers, dict)
+    assert all(h["formatter"] == "json" for h in handlers.values())
     assert isinstance(logging.getLogger().handlers[0].formatter, JsonFormatter)
 
 

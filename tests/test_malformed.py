@@ -10,17 +10,20 @@ import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from rest_framework import status
-from rest_framework.response import Response
 from rest_framework.test import APIClient
 
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from tasks.models import Task, TaskEvent
 from tasks.tests.factories import TaskFactory
+from tests.helpers import send_raw
+
+if TYPE_CHECKING:
+    from rest_framework.response import _MonkeyPatchedResponse as TestResponse
 
 pytestmark = pytest.mark.django_db
 
@@ -648,15 +651,15 @@ def snapshot() -> tuple[Any, ...]:
     )
 
 
-def send(client: APIClient, case: Case, world: dict[str, str]) -> Response:
+def send(client: APIClient, case: Case, world: dict[str, str]) -> TestResponse:
     path = case.path.format(**world)
     if case.content_type is None:
         # No Content-Type header at all (APIClient would default one).
-        return client.generic(case.method, path, case.body, content_type="", CONTENT_TYPE="")
-    return client.generic(case.method, path, case.body, content_type=case.content_type)
+        return send_raw(client, case.method, path, case.body, content_type="", CONTENT_TYPE="")
+    return send_raw(client, case.method, path, case.body, content_type=case.content_type)
 
 
-def assert_error_body(response: Response, case: Case) -> None:
+def assert_error_body(response: TestResponse, case: Case) -> None:
     assert response.status_code == case.status, response.content[:500]
     assert response["Content-Type"] == "application/json"
     body = response.json()
@@ -711,7 +714,7 @@ def test_request_limit__body_of_exactly_the_limit_is_accepted(
     body = b'{"name": "edge"}'
     settings.TASKFORGE_MAX_REQUEST_BYTES = len(body)
 
-    response = admin_client.generic("POST", "/queues", body, content_type=JSON)
+    response = send_raw(admin_client, "POST", "/queues", body, content_type=JSON)
 
     assert response.status_code == status.HTTP_201_CREATED
 
@@ -732,7 +735,7 @@ def test_enqueue__strict_parser_still_accepts_valid_json(
     world: dict[str, str],
     producer_client: APIClient,
 ) -> None:
-    response = producer_client.generic("POST", "/queues/mq/tasks", body, content_type=JSON)
+    response = send_raw(producer_client, "POST", "/queues/mq/tasks", body, content_type=JSON)
 
     assert response.status_code == status.HTTP_201_CREATED, response.content
     assert response.json()["payload"] == expected
@@ -747,7 +750,7 @@ def test_make_client_fixture_type(make_client: Callable[[str | None], APIClient]
     client = make_client("producer")
     QueueFactory(name="pq")
 
-    response = client.generic("POST", "/queues/pq/tasks", b'{"payload": NaN}', content_type=JSON)
+    response = send_raw(client, "POST", "/queues/pq/tasks", b'{"payload": NaN}', content_type=JSON)
 
     assert response.status_code == status.HTTP_400_BAD_REQUEST
     assert response.json()["error"]["code"] == "parse_error"
@@ -770,7 +773,7 @@ def test_malformed_input__messages_speak_json_not_python(
 ) -> None:
     """Regression: these answered "use sys.set_int_max_str_digits()", "maximum
     recursion depth exceeded" and "String value too large." for a number."""
-    response = producer_client.generic("POST", "/queues/mq/tasks", body, content_type=JSON)
+    response = send_raw(producer_client, "POST", "/queues/mq/tasks", body, content_type=JSON)
 
     assert response.status_code == status.HTTP_400_BAD_REQUEST
     assert python_words.lower() not in response.content.decode().lower()

@@ -346,7 +346,8 @@ FILE_NAME = re.compile(r"^(counter|histogram|summary|gauge_[a-z]+)_([A-Za-z0-9.-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @pytest.fixture
@@ -476,7 +477,7 @@ def test_metrics__summed_across_gunicorn_workers_and_loop_processes(
     posted = 0
 
     def enqueue(n: int) -> int:
-        code, _ = api.call("POST", "/queues/mp/tasks", {"payload": {"n": n}})
+        code: int = api.call("POST", "/queues/mp/tasks", {"payload": {"n": n}})[0]
         return code
 
     # Concurrent new connections until both workers have served enqueues.
@@ -498,11 +499,12 @@ def test_metrics__summed_across_gunicorn_workers_and_loop_processes(
 
     assert value(samples, "taskforge_tasks_enqueued_total", queue="mp") == posted
     # Due tasks of a running queue go straight into the buffer (claimed).
-    depth = sum(
+    pending_depth, claimed_depth = (
         value(samples, "taskforge_queue_depth", queue="mp", status=state)
         for state in ("pending", "claimed")
     )
-    assert depth == posted
+    assert pending_depth is not None and claimed_depth is not None
+    assert pending_depth + claimed_depth == posted
     # django-prometheus's request metrics are summed as well.
     assert (
         value(

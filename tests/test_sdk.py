@@ -340,12 +340,13 @@ def test_retry_policy_on_network_errors() -> None:
     """A refused connection: idempotent calls try 1 + retries times, the others once."""
     with socketless_port() as port:
         client = TaskForge(f"http://127.0.0.1:{port}", "k", retries=2, backoff_base=0.01)
-        for call, expected in [
+        cases: list[tuple[Callable[[], Any], int]] = [
             (lambda: client.stats("q"), 3),
             (lambda: client.enqueue("q", 1), 1),
             (lambda: client.enqueue("q", 1, idempotency_key="x"), 3),
             (lambda: client.claim("w", ["q"], wait_seconds=1), 1),
-        ]:
+        ]
+        for call, expected in cases:
             before = client.requests_sent
             with pytest.raises(ConnectionFailed) as exc:
                 call()

@@ -7,7 +7,7 @@ stays on record.  (`python manage.py createapikey` does the same from a shell.)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -17,9 +17,18 @@ from django.template.response import TemplateResponse
 
 from taskforge.api.models import ApiKey
 
+# The request attribute that carries a new key from save_model to response_add.
+_ISSUED_KEY = "_taskforge_issued_key"
+
+# Django's ModelAdmin takes no type arguments at run time.
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[ApiKey]
+else:
+    _ModelAdmin = admin.ModelAdmin
+
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(_ModelAdmin):
     list_display = ("name", "role", "created_at", "last_used_at", "revoked")
     list_filter = ("role", "revoked")
     search_fields = ("name",)
@@ -35,18 +44,20 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: ApiKey | None = None) -> bool:
         return False
 
-    def save_model(self, request: HttpRequest, obj: ApiKey, form: ModelForm, change: bool) -> None:
+    def save_model(
+        self, request: HttpRequest, obj: ApiKey, form: ModelForm[ApiKey], change: bool
+    ) -> None:
         if change:
             return  # every field is read-only once the key exists
         issued, key = ApiKey.issue(name=obj.name, role=obj.role)
         obj.pk, obj.key_hash, obj.created_at = issued.pk, issued.key_hash, issued.created_at
         obj._state.adding = False
-        request._taskforge_issued_key = key  # type: ignore[attr-defined]
+        setattr(request, _ISSUED_KEY, key)
 
     def response_add(
         self, request: HttpRequest, obj: ApiKey, post_url_continue: str | None = None
     ) -> HttpResponse:
-        key = getattr(request, "_taskforge_issued_key", None)
+        key = getattr(request, _ISSUED_KEY, None)
         if key is None:
             return super().response_add(request, obj, post_url_continue)
         return TemplateResponse(

@@ -121,8 +121,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):
             headers["WWW-Authenticate"] = 'Bearer realm="taskforge"'
             exc.status_code = status.HTTP_401_UNAUTHORIZED
-        if getattr(exc, "wait", None):
-            headers["Retry-After"] = str(int(exc.wait))  # type: ignore[attr-defined]
+        wait = getattr(exc, "wait", None)  # Throttled's seconds to wait
+        if wait:
+            headers["Retry-After"] = str(int(wait))
         fields = None
         message = _message_for(exc)
         if isinstance(exc, drf.ValidationError):

@@ -9,11 +9,14 @@ from __future__ import annotations
 import copy
 import math
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 from rest_framework import serializers
 
 from taskforge.lib.timeutil import isoformat, parse_time
+
+# A field of any value, data and representation types.
+AnyField: TypeAlias = "serializers.Field[Any, Any, Any, Any]"
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -66,7 +69,7 @@ class TimeField(serializers.DateTimeField):
             self.fail("invalid")
         raise AssertionError("unreachable")
 
-    def to_representation(self, value: datetime | None) -> str | None:
+    def to_representation(self, value: datetime) -> str:
         return isoformat(value)
 
 
@@ -80,10 +83,10 @@ class AnyJSONField(serializers.JSONField):
         return value
 
 
-class StrictSerializer(serializers.Serializer):
+class StrictSerializer(serializers.Serializer[Any]):
     """Refuses a body that is not an object, and any field it does not know."""
 
-    def get_fields(self) -> dict[str, serializers.Field]:
+    def get_fields(self) -> dict[str, AnyField]:
         # DRF deep-copies every declared field per request, re-running each
         # field's __init__: a fifth of a millisecond per body on the hot
         # paths.  A field keeps no per-request state (bind() sets its name and
@@ -104,22 +107,25 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-def _copy_field(field: serializers.Field) -> serializers.Field:
+def _copy_field(field: AnyField) -> AnyField:
     if isinstance(field, serializers.BaseSerializer):
         return copy.deepcopy(field)
     clone = copy.copy(field)
-    child = getattr(field, "child", None)
-    if child is not None:
-        clone.child = _copy_field(child)  # bound already, by the list field's __init__
-        clone.child.parent = clone
+    # The fields with a child: ListField, DictField (and HStoreField, a DictField).
+    if isinstance(clone, serializers.ListField | serializers.DictField):
+        clone.child = _copy_field(clone.child)  # bound already, by the list field's __init__
+        # The stubs type a field's parent as a serializer; DRF makes the list field the
+        # parent of its child.
+        clone.child.parent = clone  # type: ignore[assignment]
     return clone
 
 
-class QuerySerializer(serializers.Serializer):
+class QuerySerializer(serializers.Serializer[Any]):
     """Query parameters: one given empty (`?status=`) is invalid, not absent."""
 
     def to_internal_value(self, data: Any) -> Any:
-        empty = [name for name in self.fields if name in data and data.get(name) == ""]
+        # keys(): BindingDict iterates its names, but its stubs say it iterates fields.
+        empty = [name for name in self.fields.keys() if name in data and data.get(name) == ""]
         if empty:
             raise serializers.ValidationError({name: ["May not be empty."] for name in empty})
         return super().to_internal_value(data)

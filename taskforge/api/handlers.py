@@ -19,13 +19,13 @@ def _is_dashboard(request: HttpRequest) -> bool:
     return request.path.startswith("/admin/")
 
 
-def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _is_dashboard(request):
         return defaults.bad_request(request, exception)
     return error_response(400, "invalid", "Bad request.")
 
 
-def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _is_dashboard(request):
         return defaults.permission_denied(request, exception)
     return error_response(403, "forbidden", "Forbidden.")

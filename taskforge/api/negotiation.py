@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer
+from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
 # Accept headers whose answer is the JSON renderer, whatever else is configured.
@@ -20,9 +22,11 @@ class ContentNegotiation(DefaultContentNegotiation):
     `indent=2`, other types) goes through DRF's code.
     """
 
-    def select_renderer(
-        self, request: Any, renderers: list[Any], format_suffix: str | None = None
-    ) -> tuple[Any, str]:
+    # The stubs declare `renderers` an Iterable; DRF passes the view's list and its own
+    # select_renderer indexes it as well.
+    def select_renderer(  # type: ignore[override]
+        self, request: Request, renderers: Sequence[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
         first = renderers[0]
         if (
             first.media_type == "application/json"
@@ -31,4 +35,7 @@ class ContentNegotiation(DefaultContentNegotiation):
             and api_settings.URL_FORMAT_OVERRIDE not in request.query_params
         ):
             return first, first.media_type
-        return super().select_renderer(request, renderers, format_suffix)
+        chosen: tuple[BaseRenderer, str] = super().select_renderer(
+            request, renderers, format_suffix
+        )
+        return chosen

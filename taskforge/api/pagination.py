@@ -6,16 +6,18 @@ The cursor and the page cut are `taskforge.lib.keyset`'s, shared with the dashbo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from taskforge.lib import keyset
+
+_M = TypeVar("_M", bound=Model)
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
@@ -49,7 +51,7 @@ class KeysetPaginator:
             raise _bad_cursor() from exc
         self.next_cursor: str | None = None
 
-    def paginate(self, queryset: QuerySet[Any]) -> list[Any]:
+    def paginate(self, queryset: QuerySet[_M]) -> list[_M]:
         queryset = queryset.order_by(*self.ordering)
         if self.after is not None:
             try:

@@ -7,6 +7,7 @@ from typing import Any
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
+from taskforge.api.authentication import ApiPrincipal
 from taskforge.api.models import Role
 
 ANY_ROLE = frozenset(Role.values)
@@ -24,8 +25,10 @@ class HasRole(BasePermission):
     """
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        principal = request.user
-        if principal is None or not getattr(principal, "is_authenticated", False):
+        # ApiKeyAuthentication is the only authenticator: a request without a valid key
+        # has no principal (UNAUTHENTICATED_USER is None).
+        principal: object = request.user
+        if not isinstance(principal, ApiPrincipal):
             return False
         roles: dict[str, frozenset[str]] = getattr(view, "roles", {})
         allowed = roles.get(request.method or "GET", ADMIN)

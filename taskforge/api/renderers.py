@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rest_framework import renderers
@@ -20,11 +21,13 @@ class JSONRenderer(renderers.JSONRenderer):
         self,
         data: Any,
         accepted_media_type: str | None = None,
-        renderer_context: dict[str, Any] | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
     ) -> bytes:
         if data is None:
             return b""
-        if self.get_indent(accepted_media_type, renderer_context or {}) is not None:
+        # get_indent takes a false media type for none given (DRF passes None); its stubs want
+        # a str.
+        if self.get_indent(accepted_media_type or "", renderer_context or {}) is not None:
             return super().render(data, accepted_media_type, renderer_context)
         body = jsonutil.dumps(data, default=self.encoder_class().default)
         # As DRF: JSON that is also a strict JavaScript subset.

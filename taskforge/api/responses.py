@@ -7,7 +7,9 @@ from typing import Any
 from django.http import JsonResponse
 
 
-def error_body(code: str, message: str, fields: dict[str, list[str]] | None = None) -> dict:
+def error_body(
+    code: str, message: str, fields: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
     error: dict[str, Any] = {"code": code, "message": message}
     if fields:
         error["fields"] = fields

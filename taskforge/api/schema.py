@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse, inline_serializer
 from rest_framework import serializers
 
 
-class ErrorDetailSerializer(serializers.Serializer):
+class ErrorDetailSerializer(serializers.Serializer[Any]):
     code = serializers.CharField()
     message = serializers.CharField()
-    fields = serializers.DictField(
+    # Declared fields leave the class body for _declared_fields, so this one does not
+    # replace Serializer.fields; the stubs cannot know.
+    fields = serializers.DictField(  # type: ignore[assignment]
         child=serializers.ListField(child=serializers.CharField()), required=False
     )
 
 
-class ErrorSerializer(serializers.Serializer):
+class ErrorSerializer(serializers.Serializer[Any]):
     error = ErrorDetailSerializer()
 
 
@@ -23,7 +27,9 @@ def error(description: str) -> OpenApiResponse:
     return OpenApiResponse(ErrorSerializer, description=description)
 
 
-def page_of(serializer: type[serializers.Serializer], name: str) -> serializers.Serializer:
+def page_of(
+    serializer: type[serializers.Serializer[Any]], name: str
+) -> serializers.Serializer[Any]:
     return inline_serializer(
         name=name,
         fields={
@@ -49,8 +55,8 @@ NOT_FOUND = {404: error("No such queue or task (`not_found`).")}
 BAD_QUERY = {400: error("A query parameter is empty, unparseable or out of range (`invalid`).")}
 
 
-def errors(*groups: dict) -> dict:
-    merged: dict = {}
+def errors(*groups: dict[int, OpenApiResponse]) -> dict[int, OpenApiResponse]:
+    merged: dict[int, OpenApiResponse] = {}
     for group in (COMMON_ERRORS, *groups):
         merged.update(group)
     return merged
@@ -60,7 +66,7 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
     target_class = "taskforge.api.authentication.ApiKeyAuthentication"
     name = "apiKey"
 
-    def get_security_definition(self, auto_schema: object) -> dict:
+    def get_security_definition(self, auto_schema: object) -> dict[str, Any]:
         return {
             "type": "http",
             "scheme": "bearer",

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import functools
 from datetime import UTC, datetime
+from typing import overload
 
 
+@overload
+def isoformat(value: datetime) -> str: ...
+@overload
+def isoformat(value: None) -> None: ...
+@overload
+def isoformat(value: datetime | None) -> str | None: ...
 def isoformat(value: datetime | None) -> str | None:
     """ISO 8601 in UTC with a `Z`, as the API writes every time."""
     if value is None:
