@@ -14,7 +14,7 @@ import os
 import statistics
 import tempfile
 import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 import pytest
@@ -32,7 +32,7 @@ from tasks.models import Task
 ROUNDS = 9
 
 
-def compare(title: str, variants: dict[str, Callable[[], object]], number: int) -> None:
+def compare(title: str, variants: Mapping[str, Callable[..., object]], number: int) -> None:
     """Print the median microseconds per call of each variant (rounds interleaved)."""
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(ROUNDS):
@@ -55,7 +55,7 @@ def test_log_record_with_and_without_caller_lookup() -> None:
     logger = logging.getLogger("bench.internals")
     logger.propagate = False
     logger.setLevel(logging.INFO)
-    handler = logging.StreamHandler(_Null())  # type: ignore[arg-type]
+    handler = logging.StreamHandler(_Null())
     handler.setFormatter(JsonFormatter())
     logger.addHandler(handler)
     extra = {
@@ -67,16 +67,16 @@ def test_log_record_with_and_without_caller_lookup() -> None:
         "attempt": 1,
         "duration_ms": 12.5,
     }
-    saved = logging._srcfile  # type: ignore[attr-defined]
+    saved = logging._srcfile
     # What the stdlib sets (settings.py may have cleared it already).
     srcfile = os.path.normcase(logging.addLevelName.__code__.co_filename)
 
     def stdlib() -> None:
-        logging._srcfile = srcfile  # type: ignore[attr-defined]
+        logging._srcfile = srcfile
         logger.info("task.acked", extra=extra)
 
     def lean() -> None:
-        logging._srcfile = None  # type: ignore[attr-defined]
+        logging._srcfile = None
         logger.info("task.acked", extra=extra)
 
     try:
@@ -86,7 +86,7 @@ def test_log_record_with_and_without_caller_lookup() -> None:
             20_000,
         )
     finally:
-        logging._srcfile = saved  # type: ignore[attr-defined]
+        logging._srcfile = saved
         logger.removeHandler(handler)
 
 
@@ -96,7 +96,7 @@ def test_counter_inc_by_value_class() -> None:
     with tempfile.TemporaryDirectory() as directory:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
         try:
-            counters = {}
+            counters: dict[str, Callable[..., object]] = {}
             for name, value_class in {
                 "in memory (MutexValue)": values.MutexValue,
                 "files, default pid names": values.MultiProcessValue(),
@@ -131,6 +131,7 @@ def test_timestamptz_loaders() -> None:
     django_loader = pg.adapters.get_loader(internals.TIMESTAMPTZ_OID, Format.TEXT)(
         internals.TIMESTAMPTZ_OID, pg
     )
+    assert internals.TIMESTAMPTZ_LOADER is not None
     c_loader = internals.TIMESTAMPTZ_LOADER(internals.TIMESTAMPTZ_OID, pg)
     data = b"2026-11-30 05:09:23.075089+00"
     assert django_loader.load(data) == c_loader.load(data)

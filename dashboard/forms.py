@@ -27,7 +27,7 @@ def _time_field(label: str) -> forms.DateTimeField:
     )
 
 
-class QueueChoiceField(forms.ModelChoiceField):
+class QueueChoiceField(forms.ModelChoiceField[Queue]):
     """A queue by name (the URL reads `?queue=emails`)."""
 
     def __init__(self, **kwargs: Any) -> None:

@@ -104,11 +104,11 @@ def _newest_first(
     return list(branches[0].union(*branches[1:], all=True).order_by(*order)[:limit])
 
 
-def _page(rows: list[Model], limit: int, time_field: str, pk_field: str) -> Page:
+def _page(rows: Sequence[Model], limit: int, time_field: str, pk_field: str) -> Page:
+    shown = list(rows[:limit])
     if len(rows) <= limit:
-        return Page(rows, None)
-    rows = rows[:limit]
-    return Page(rows, keyset.cursor_of(rows[-1], [f"-{time_field}", f"-{pk_field}"]))
+        return Page(shown, None)
+    return Page(shown, keyset.cursor_of(shown[-1], [f"-{time_field}", f"-{pk_field}"]))
 
 
 def task_page(filters: TaskFilter, *, limit: int | None = None) -> Page:

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import django_stubs_ext
 import environ
 
 from taskforge.lib.logging import lean_records
+
+# Django's generic classes (ModelAdmin, QuerySet, Paginator, forms) accept type
+# arguments at run time, as the type checker reads them.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

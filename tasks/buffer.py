@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import redis
 from django.conf import settings
@@ -110,6 +111,10 @@ return {ids, 0}
 """
 
 
+# What ZPOPMIN/ZPOPMAX answer without a score cast: (member, score) pairs.
+_Scored = list[tuple[bytes | str, float]]
+
+
 @dataclass(frozen=True, slots=True)
 class Taken:
     ids: list[str]
@@ -134,7 +139,8 @@ class Buffer:
         if not mapping:
             return 0
         if not wake:
-            return int(self.client.zadd(ready_key(queue_id), mapping, nx=True))
+            # ZADD NX answers the number added (redis-py types it int | float | None).
+            return cast(int, self.client.zadd(ready_key(queue_id), mapping, nx=True))
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(ready_key(queue_id), mapping, nx=True)
         pipe.publish(WAKE_CHANNEL, str(queue_id))
@@ -161,7 +167,8 @@ class Buffer:
         return [value is not None for value in scores]
 
     def pop_all(self, queue_id: uuid.UUID | str, limit: int = 100_000) -> list[str]:
-        return [_text(m) for m, _ in self.client.zpopmin(ready_key(queue_id), limit)]
+        popped = self.client.zpopmin(ready_key(queue_id), limit)
+        return [_text(member) for member, _ in cast(_Scored, popped)]
 
     def worst_score(self, queue_id: uuid.UUID | str) -> int | None:
         """Score of the least urgent buffered task, or None when empty."""
@@ -169,7 +176,8 @@ class Buffer:
         return int(last[0][1]) if last else None
 
     def pop_worst(self, queue_id: uuid.UUID | str, count: int) -> list[str]:
-        return [_text(m) for m, _ in self.client.zpopmax(ready_key(queue_id), count)]
+        popped = self.client.zpopmax(ready_key(queue_id), count)
+        return [_text(member) for member, _ in cast(_Scored, popped)]
 
     def ensure_epoch(self) -> bool:
         """Mark this Redis as known; True when the mark was missing (data lost)."""

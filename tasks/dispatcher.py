@@ -23,7 +23,9 @@ import logging
 import time
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
+import psycopg
 from django.db import connection, transaction
 from redis.exceptions import RedisError
 
@@ -185,9 +187,9 @@ class DispatcherLoop(Loop):
             self._listening_on = None
             super().wait(max(0.0, deadline - time.monotonic()))
 
-    def _listen(self):  # type: ignore[no-untyped-def]
+    def _listen(self) -> psycopg.Connection[Any]:
         connection.ensure_connection()
-        pg = connection.connection
+        pg: psycopg.Connection[Any] = connection.connection
         if self._listening_on is not pg:
             with connection.cursor() as cursor:
                 cursor.execute(f"LISTEN {DISPATCH_CHANNEL}")

@@ -54,8 +54,8 @@ def rebuffer_missing(*, claimed_before: datetime | None, limit: int = 50_000) ->
         by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for task_id, queue_id, priority, scheduled_at, _ in batch:
             by_queue[str(queue_id)].append((str(task_id), score(priority, scheduled_at)))
-        for queue_id, items in by_queue.items():
-            present = buffer.present(queue_id, [task_id for task_id, _ in items])
+        for queue_key, items in by_queue.items():
+            present = buffer.present(queue_key, [task_id for task_id, _ in items])
             missing = [item for item, here in zip(items, present, strict=True) if not here]
             if missing:
                 # A claim may have popped some of them and be committing its
@@ -68,8 +68,8 @@ def rebuffer_missing(*, claimed_before: datetime | None, limit: int = 50_000) ->
                 }
                 missing = [item for item in missing if item[0] in still]
             if missing:
-                restored += buffer.push(queue_id, missing)
-                woken.add(queue_id)
+                restored += buffer.push(queue_key, missing)
+                woken.add(queue_key)
         if len(batch) < BATCH:
             break
     if restored:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,7 +15,6 @@ from tasks.models import Task, TaskEvent, TaskStatus
 
 S = TaskStatus
 WINDOW = timedelta(seconds=60)
-_LIVE = [S.PENDING, S.CLAIMED, S.EXECUTING, S.RETRY, S.DEAD]
 
 
 def queue_stats(queue: Queue, now: datetime | None = None) -> dict[str, Any]:
@@ -23,7 +22,9 @@ def queue_stats(queue: Queue, now: datetime | None = None) -> dict[str, Any]:
     return queues_stats([queue], now)[queue.id]
 
 
-def queues_stats(queues: Sequence[Queue], now: datetime | None = None) -> dict[uuid.UUID, dict]:
+def queues_stats(
+    queues: Sequence[Queue], now: datetime | None = None
+) -> dict[uuid.UUID, dict[str, Any]]:
     """`queue_stats` for many queues in two grouped queries, whatever their number.
 
     Counts run over task_queue_status_idx (live statuses only, never the
@@ -35,8 +36,9 @@ def queues_stats(queues: Sequence[Queue], now: datetime | None = None) -> dict[u
     ids = [queue.id for queue in queues]
     due = Q(scheduled_at__lte=now)
     depths = {
-        row.pop("queue_id"): row
-        for row in Task.objects.filter(queue_id__in=ids, status__in=_LIVE)
+        row["queue_id"]: _without_queue_id(row)
+        for row in Task.objects.filter(queue_id__in=ids)
+        .live()
         .values("queue_id")
         .annotate(
             pending=Count("status", filter=Q(status=S.PENDING) & due),
@@ -50,7 +52,7 @@ def queues_stats(queues: Sequence[Queue], now: datetime | None = None) -> dict[u
         .order_by()
     }
     attempts = {
-        row.pop("queue_id"): row
+        row["queue_id"]: _without_queue_id(row)
         for row in TaskEvent.objects.filter(
             queue_id__in=ids, at__gt=now - WINDOW, at__lte=now, from_status=S.EXECUTING
         )
@@ -67,8 +69,12 @@ def queues_stats(queues: Sequence[Queue], now: datetime | None = None) -> dict[u
     }
 
 
+def _without_queue_id(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in row.items() if name != "queue_id"}
+
+
 def _stats(
-    queue: Queue, depth: dict[str, Any] | None, attempts: dict[str, int] | None, now: datetime
+    queue: Queue, depth: dict[str, Any] | None, attempts: dict[str, Any] | None, now: datetime
 ) -> dict[str, Any]:
     counts = dict(depth or {})
     oldest = counts.pop("oldest_due", None)

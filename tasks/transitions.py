@@ -408,11 +408,12 @@ def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) ->
         names = [column.name for column in cursor.description]
         rows = cursor.fetchall()
     tasks = internals.instances_from_rows(Task, names, rows, using=connection.alias)
-    missing = {task.queue_id for task in tasks} - set(queues or {})
+    known: dict[Any, Queue] = dict(queues or {})
+    missing = {task.queue_id for task in tasks} - set(known)
     if missing:
-        queues = {**(queues or {}), **lookup.by_ids(missing)}
+        known.update(lookup.by_ids(missing))
     for task in tasks:
-        task.queue = queues[task.queue_id]  # type: ignore[index]
+        task.queue = known[task.queue_id]
     return tasks
 
 
@@ -424,7 +425,8 @@ def _log_rows(
         f"task.{event}",
         tasks,
         [from_status] * len(tasks),
-        [now - task.previous_changed_at for task in tasks],
+        # previous_changed_at: a column the statement returns beside the task's own.
+        [now - getattr(task, "previous_changed_at") for task in tasks],  # noqa: B009
         worker_id,
     )
 

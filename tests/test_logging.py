@@ -50,7 +50,7 @@ def test_transitions__one_json_line_per_transition_with_the_api_fields(
     caplog.set_level(logging.INFO, logger="taskforge.transitions")
     queue = QueueFactory(name="logged", max_retries=1)
     with django_capture_on_commit_callbacks(execute=True):
-        a = TaskFactory(queue=queue)
+        a: Any = TaskFactory(queue=queue)
         with transaction.atomic():
             transitions.buffer_due(queue, limit=1)
             a.refresh_from_db()

@@ -29,7 +29,8 @@ def current_tasks(worker_ids: Iterable[str]) -> dict[str, list[str]]:
     for task_id, worker_id in Task.objects.filter(
         status=TaskStatus.EXECUTING, claimed_by__in=list(worker_ids)
     ).values_list("id", "claimed_by"):
-        held[worker_id].append(str(task_id))
+        if worker_id is not None:  # always, for an executing task
+            held[worker_id].append(str(task_id))
     return held
 
 

@@ -153,7 +153,8 @@ def _claim_once(
 
 def _release_connection() -> None:
     """Give the DB connection back to the pool while waiting (threads share few)."""
-    if connection.pool is not None and not connection.in_atomic_block:
+    # `pool` is the Postgres backend's (psycopg's pool), which the stubs do not list.
+    if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
         connection.close()
 
 

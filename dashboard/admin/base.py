@@ -19,18 +19,19 @@ from django.http import HttpRequest
 from django.utils.functional import cached_property
 
 
-class LookaheadPaginator(Paginator):
+class LookaheadPaginator(Paginator[Any]):
     """A paginator whose `count` is "rows up to this page, plus one if there are more"."""
 
     def __init__(self, object_list: QuerySet[Any], per_page: int, *, page_number: int) -> None:
         super().__init__(object_list, per_page, orphans=0, allow_empty_first_page=True)
+        self.queryset = object_list
         self.page_number = page_number
 
     @cached_property
     def count(self) -> int:
         start = (self.page_number - 1) * self.per_page
         # One LIMIT/OFFSET probe of primary keys on the list's own ordering.
-        probe = self.object_list.values_list("pk", flat=True)[start : start + self.per_page + 1]
+        probe = self.queryset.values_list("pk", flat=True)[start : start + self.per_page + 1]
         return start + len(probe)
 
 
@@ -54,7 +55,7 @@ class LookaheadChangeList(ChangeList):
         return None
 
 
-class LargeTableAdmin(admin.ModelAdmin):
+class LargeTableAdmin(admin.ModelAdmin[Any]):
     """Change lists that stay cheap on a table of millions of rows."""
 
     show_full_result_count = False
@@ -74,7 +75,7 @@ class LargeTableAdmin(admin.ModelAdmin):
         per_page: int,
         orphans: int = 0,
         allow_empty_first_page: bool = True,
-    ) -> Paginator:
+    ) -> Paginator[Any]:
         try:
             page_number = max(int(request.GET.get(PAGE_VAR, 1)), 1)
         except ValueError:

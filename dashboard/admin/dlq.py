@@ -3,7 +3,11 @@ through `dlq.services`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, cast
+
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -11,14 +15,19 @@ from django.utils.html import format_html
 
 from dashboard.admin.base import LargeTableAdmin, ReadOnlyAdminMixin
 from dlq import services
-from dlq.models import DeadLetterTask
+from dlq.models import DeadLetterQuerySet, DeadLetterTask
+
+if TYPE_CHECKING:
+    from django.contrib.admin.filters import _ListFilterChoices
 
 
 class DeadNowFilter(admin.SimpleListFilter):
     title = "state"
     parameter_name = "state"
 
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[DeadLetterTask]
+    ) -> list[tuple[str, str]]:
         return [("all", "Including replayed")]
 
     def queryset(
@@ -27,9 +36,9 @@ class DeadNowFilter(admin.SimpleListFilter):
         # By default only tasks dead now, as GET /queues/:name/dlq.
         if self.value() == "all":
             return queryset
-        return queryset.dead_now()
+        return cast(DeadLetterQuerySet, queryset).dead_now()
 
-    def choices(self, changelist):  # type: ignore[no-untyped-def]
+    def choices(self, changelist: ChangeList) -> Iterator[_ListFilterChoices]:
         yield {
             "selected": self.value() is None,
             "query_string": changelist.get_query_string(remove=[self.parameter_name]),

@@ -7,7 +7,7 @@ stays on record.  (`python manage.py createapikey` does the same from a shell.)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -20,15 +20,9 @@ from taskforge.api.models import ApiKey
 # The request attribute that carries a new key from save_model to response_add.
 _ISSUED_KEY = "_taskforge_issued_key"
 
-# Django's ModelAdmin takes no type arguments at run time.
-if TYPE_CHECKING:
-    _ModelAdmin = admin.ModelAdmin[ApiKey]
-else:
-    _ModelAdmin = admin.ModelAdmin
-
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(_ModelAdmin):
+class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     list_display = ("name", "role", "created_at", "last_used_at", "revoked")
     list_filter = ("role", "revoked")
     search_fields = ("name",)

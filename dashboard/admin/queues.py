@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse
@@ -18,14 +19,15 @@ from queues.models import Queue
 from tasks import services as task_services
 
 # The admin's "View site" link leads to the operator dashboard.
-admin.site.site_url = reverse_lazy("dashboard:overview")
+# (A lazy string: the URLconf is not loaded yet; Django renders it as text.)
+admin.site.site_url = cast(str, reverse_lazy("dashboard:overview"))
 admin.site.site_header = "TaskForge admin"
 admin.site.site_title = "TaskForge admin"
 admin.site.index_title = "Data"
 
 
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(admin.ModelAdmin[Queue]):
     list_display = ("name", "paused", "max_retries", "rate_limit", "created_at", "dashboard")
     list_filter = ("paused",)
     search_fields = ("name",)
@@ -47,7 +49,9 @@ class QueueAdmin(admin.ModelAdmin):
         # DELETE /queues/:name refuses a queue with live tasks and is the way.
         return False
 
-    def save_model(self, request: HttpRequest, obj: Queue, form: ModelForm, change: bool) -> None:
+    def save_model(
+        self, request: HttpRequest, obj: Queue, form: ModelForm[Queue], change: bool
+    ) -> None:
         fields = {name: form.cleaned_data[name] for name in form.changed_data if name != "name"}
         if change:
             services.update_queue(obj, **fields)
@@ -81,7 +85,7 @@ class QueueAdmin(admin.ModelAdmin):
                     "title": "Purge queues?",
                     "queues": queues,
                     "opts": self.model._meta,
-                    "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                    "action_checkbox_name": ACTION_CHECKBOX_NAME,
                 },
             )
         cancelled = sum(task_services.purge_queue(queue) for queue in queues)

@@ -10,7 +10,7 @@ from workers.models import Worker
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(admin.ModelAdmin[Worker]):
     list_display = ("worker_id", "last_seen_at", "stale")
     search_fields = ("worker_id",)
     ordering = ("-last_seen_at",)

@@ -205,7 +205,9 @@ def main() -> None:
             with connection.cursor() as cursor:
                 cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql)
                 plan = [row[0] for row in cursor.fetchall()]
-            total = float(re.search(r"Execution Time: ([\d.]+)", plan[-1]).group(1))
+            timing = re.search(r"Execution Time: ([\d.]+)", plan[-1])
+            assert timing is not None, plan[-1]
+            total = float(timing.group(1))
             flags = sorted({name for line in plan for rx, name in FLAGS if rx.search(line)})
             worst.append((total, label, sql[:160]))
             print(f"  {total:8.2f} ms {' '.join(flags):<16} {sql[:150]}")

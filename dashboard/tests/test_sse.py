@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from typing import Any
 
@@ -53,8 +54,8 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     def monotonic() -> float:
         return float(next(clock)) if from_sse() else real_monotonic()
 
-    monkeypatch.setattr(sse.time, "sleep", sleep)
-    monkeypatch.setattr(sse.time, "monotonic", monotonic)
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(time, "monotonic", monotonic)
     monkeypatch.setattr(snapshot, "MAX_AGE_SECONDS", 0.0)
     return slept
 
@@ -97,7 +98,7 @@ def test_stream__past_the_limit_a_client_gets_one_snapshot_and_polls(
     staff_client: Client, quick: list[float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     QueueFactory(name="q")
-    monkeypatch.setattr(sse, "_streams", sse.threading.BoundedSemaphore(1))
+    monkeypatch.setattr(sse, "_streams", threading.BoundedSemaphore(1))
     assert sse._streams.acquire(blocking=False)  # another browser holds the only slot
 
     response = staff_client.get(URL)
@@ -112,7 +113,7 @@ def test_stream__frees_its_slot_when_the_client_goes_away(
     staff_client: Client, quick: list[float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     QueueFactory(name="q")
-    slots = sse.threading.BoundedSemaphore(1)
+    slots = threading.BoundedSemaphore(1)
     monkeypatch.setattr(sse, "_streams", slots)
 
     response = staff_client.get(URL)
@@ -128,7 +129,7 @@ def test_stream__frees_its_slot_when_the_client_goes_away(
 def test_stream__unstarted_response_holds_no_slot(
     staff_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    slots = sse.threading.BoundedSemaphore(1)
+    slots = threading.BoundedSemaphore(1)
     monkeypatch.setattr(sse, "_streams", slots)
 
     response = staff_client.get(URL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.contrib import messages
 from django.http import (
@@ -53,7 +54,7 @@ def dlq(request: HttpRequest) -> HttpResponse:
         }
         for entry in (result.rows if result else [])
     ]
-    depths = [
+    depths: list[dict[str, Any]] = [
         {"name": queue.name, "dlq_depth": depth, "text": fmt.number(depth)}
         for queue, depth in queries.dlq_depths()
     ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -33,7 +35,7 @@ def workers(request: HttpRequest) -> HttpResponse:
     current = current_tasks(worker.worker_id for worker in seen)
     # One reverse() for all links: a page of busy workers has thousands.
     task_url = reverse("dashboard:task", kwargs={"task_id": ANY_TASK})
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "worker": worker,
             "stale": worker.is_stale(now),

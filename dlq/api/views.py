@@ -29,7 +29,7 @@ from tasks.api.serializers import TaskIdField, TaskSerializer, task_to_dict
 from tasks.api.views import parse_task_id
 
 
-class DeadLetterSerializer(serializers.Serializer):
+class DeadLetterSerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     queue = serializers.CharField()
     payload = AnyJSONField()

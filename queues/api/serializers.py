@@ -15,7 +15,7 @@ from taskforge.api.fields import (
 MAX_RATE_LIMIT = 1_000_000
 
 
-class QueueSerializer(serializers.ModelSerializer):
+class QueueSerializer(serializers.ModelSerializer[Queue]):
     created_at = TimeField(read_only=True)
 
     class Meta:

@@ -26,9 +26,9 @@ def test_lookup__remembers_rows_by_name_and_id() -> None:
 
 def test_lookup__a_change_in_this_process_shows_at_once() -> None:
     queue = QueueFactory(name="q", rate_limit=None)
-    assert lookup.by_name("q").rate_limit is None
+    assert _named("q").rate_limit is None
     services.update_queue(Queue.objects.get(pk=queue.pk), rate_limit=5, paused=True)
-    assert (lookup.by_name("q").rate_limit, lookup.by_name("q").paused) == (5, True)
+    assert (_named("q").rate_limit, _named("q").paused) == (5, True)
     task_services.delete_queue(Queue.objects.get(pk=queue.pk))
     assert lookup.by_name("q") is None
     assert lookup.by_ids([queue.pk]) == {}
@@ -37,9 +37,9 @@ def test_lookup__a_change_in_this_process_shows_at_once() -> None:
 def test_lookup__a_change_elsewhere_shows_within_the_ttl(monkeypatch) -> None:
     QueueFactory(name="q", max_retries=3)
     monkeypatch.setattr(lookup._by_name, "seconds", 0.0)  # every entry is already expired
-    assert lookup.by_name("q").max_retries == 3
+    assert _named("q").max_retries == 3
     Queue.objects.filter(name="q").update(max_retries=7)  # no signal: as another process
-    assert lookup.by_name("q").max_retries == 7
+    assert _named("q").max_retries == 7
 
 
 def test_lookup__fresh_reads_anew() -> None:
@@ -49,3 +49,9 @@ def test_lookup__fresh_reads_anew() -> None:
     assert lookup.by_ids([queue.pk])[queue.pk].paused is False  # remembered
     assert lookup.by_ids([queue.pk], fresh=True)[queue.pk].paused is True
     assert lookup.by_ids([queue.pk])[queue.pk].paused is True  # and remembered anew
+
+
+def _named(name: str) -> Queue:
+    queue = lookup.by_name(name)
+    assert queue is not None
+    return queue

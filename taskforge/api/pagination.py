@@ -66,7 +66,9 @@ class KeysetPaginator:
             self.next_cursor = keyset.cursor_of(rows[-1], self.ordering)
         return rows
 
-    def response(self, results: list[Any]) -> Response:
+    def response(self, results: Any) -> Response:
+        """The page's answer; `results` is the rendered list (a `many=True`
+        serializer's `.data` is one, though its stub says a dict)."""
         return Response({"results": results, "next": self._next_url()})
 
     def _next_url(self) -> str | None:

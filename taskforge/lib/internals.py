@@ -133,7 +133,12 @@ def _row_layout(
     extra columns.  Worked out once per model and column list."""
     index = {name: i for i, name in enumerate(names)}
     meta = model._meta
-    fields = [field for field in meta.concrete_fields if field.column in index]
+    placed = [
+        (field, index[field.column])
+        for field in meta.concrete_fields
+        if field.column is not None and field.column in index
+    ]
+    fields = [field for field, _ in placed]
     if meta.pk.column not in index:
         raise ValueError(f"rows of {meta.label} need its primary key column {meta.pk.column!r}")
     connection = connections[using]
@@ -149,7 +154,7 @@ def _row_layout(
     extras = [(name, i) for name, i in index.items() if name not in known]
     return (
         [field.attname for field in fields],
-        [index[f.column] for f in fields],
+        [position for _, position in placed],
         converters,
         extras,
     )

@@ -27,7 +27,8 @@ def test_cache__round_trips_through_redis_url_db(redis_client: redis.Redis) -> N
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def test_cache__redis_down_misses_instead_of_failing(

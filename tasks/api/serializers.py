@@ -39,9 +39,9 @@ def check_payload_size(value: Any, what: str = "payload") -> None:
 
 
 class TaskIdField(serializers.UUIDField):
-    """A task id in a body: a UUID string (a number or a list is refused)."""
+    """A task id in a body: a UUID string (a number or a list is refused), as text."""
 
-    def to_internal_value(self, data: Any) -> str:
+    def to_internal_value(self, data: Any) -> str:  # type: ignore[override]
         if not isinstance(data, str):
             self.fail("invalid", value=data)
         return str(super().to_internal_value(data))
@@ -85,7 +85,7 @@ def enqueued_to_dict(result: Enqueued) -> dict[str, Any]:
     return body
 
 
-class TaskSerializer(serializers.Serializer):
+class TaskSerializer(serializers.Serializer[Any]):
     """The Task object; `to_representation` is `task_to_dict`."""
 
     id = serializers.UUIDField()
@@ -110,7 +110,7 @@ class TaskSerializer(serializers.Serializer):
         return task_to_dict(instance)
 
 
-class TaskEventSerializer(serializers.Serializer):
+class TaskEventSerializer(serializers.Serializer[Any]):
     at = TimeField()
     from_status = serializers.ChoiceField(choices=TaskStatus.choices, allow_null=True)
     to_status = serializers.ChoiceField(choices=TaskStatus.choices)
@@ -155,7 +155,10 @@ class EnqueueSerializer(StrictSerializer):
 
 
 class EnqueueBatchSerializer(StrictSerializer):
-    tasks = EnqueueSerializer(many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False)
+    # DRF's ListSerializer takes min_length/max_length; its stub does not list them.
+    tasks = EnqueueSerializer(  # type: ignore[call-arg]
+        many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False
+    )
 
 
 class TaskListQuerySerializer(QuerySerializer):

@@ -184,7 +184,7 @@ class TaskEventsView(TaskLookupMixin, APIView):
         return paginator.response(TaskEventSerializer(page, many=True).data)
 
 
-class QueueStatsSerializer(serializers.Serializer):
+class QueueStatsSerializer(serializers.Serializer[Any]):
     queue = serializers.CharField()
     paused = serializers.BooleanField()
     depth = inline_serializer(

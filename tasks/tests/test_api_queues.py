@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from rest_framework import status
 from rest_framework.test import APIClient
@@ -57,7 +59,9 @@ def test_create__existing_name_is_409(admin_client: APIClient) -> None:
         {"name": "ok", "rate_limit": 0},
     ],
 )
-def test_create__invalid_fields_are_400_with_fields(admin_client: APIClient, body: dict) -> None:
+def test_create__invalid_fields_are_400_with_fields(
+    admin_client: APIClient, body: dict[str, Any]
+) -> None:
     response = admin_client.post("/queues", body, format="json")
     assert response.status_code == status.HTTP_400_BAD_REQUEST
     error = response.json()["error"]

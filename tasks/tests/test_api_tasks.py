@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -31,7 +32,7 @@ def queue():
     return QueueFactory(name="q", max_retries=4)
 
 
-def enqueue(client: APIClient, body: dict, queue: str = "q"):
+def enqueue(client: APIClient, body: dict[str, Any], queue: str = "q"):
     return client.post(f"/queues/{queue}/tasks", body, format="json")
 
 

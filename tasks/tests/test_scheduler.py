@@ -48,4 +48,5 @@ def test_tick__notifies_dispatchers_of_delayed_tasks_now_due() -> None:
 def test_promote__is_a_transition_with_an_event() -> None:
     task = TaskFactory(status=S.RETRY)
     transitions.promote([task])
-    assert task.events.order_by("-id").first().to_status == S.PENDING
+    last = task.events.order_by("-id").first()
+    assert last is not None and last.to_status == S.PENDING

@@ -277,7 +277,7 @@ def test_status_is_written_only_by_the_transitions_module() -> None:
             continue
         tree = ast.parse(path.read_text(), filename=str(rel))
         offenders += [
-            f"{rel}:{n.lineno}"
+            f"{rel}:{getattr(n, 'lineno', 0)}"
             for n in ast.walk(tree)
             if _writes_status(n) or _sql_writes_status(n)
         ]

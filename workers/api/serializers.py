@@ -70,35 +70,40 @@ class NackSerializer(LeaseItemSerializer):
 
 class HeartbeatBatchSerializer(StrictSerializer):
     worker_id = WorkerIdField()
-    items = LeaseItemSerializer(many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False)
+    # DRF's ListSerializer takes min_length/max_length; its stub does not list them.
+    items = LeaseItemSerializer(  # type: ignore[call-arg]
+        many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False
+    )
 
 
 class AckBatchSerializer(StrictSerializer):
     worker_id = WorkerIdField()
-    items = AckItemSerializer(many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False)
+    items = AckItemSerializer(  # type: ignore[call-arg]
+        many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False
+    )
 
 
 class ClaimedTaskSerializer(TaskSerializer):
     lease_expires_at = TimeField()
 
 
-class ClaimResultSerializer(serializers.Serializer):
+class ClaimResultSerializer(serializers.Serializer[Any]):
     tasks = ClaimedTaskSerializer(many=True)
 
 
-class HeartbeatResultSerializer(serializers.Serializer):
+class HeartbeatResultSerializer(serializers.Serializer[Any]):
     task_id = serializers.UUIDField()
     status = serializers.CharField()
     heartbeat_at = TimeField()
     lease_expires_at = TimeField()
 
 
-class ItemErrorSerializer(serializers.Serializer):
+class ItemErrorSerializer(serializers.Serializer[Any]):
     code = serializers.CharField()
     message = serializers.CharField()
 
 
-class BatchItemResultSerializer(serializers.Serializer):
+class BatchItemResultSerializer(serializers.Serializer[Any]):
     task_id = serializers.UUIDField()
     ok = serializers.BooleanField()
     status = serializers.CharField(required=False)
@@ -106,11 +111,11 @@ class BatchItemResultSerializer(serializers.Serializer):
     error = ItemErrorSerializer(required=False)
 
 
-class BatchResultSerializer(serializers.Serializer):
+class BatchResultSerializer(serializers.Serializer[Any]):
     results = BatchItemResultSerializer(many=True)
 
 
-class WorkerSerializer(serializers.Serializer):
+class WorkerSerializer(serializers.Serializer[Any]):
     worker_id = serializers.CharField()
     last_seen_at = TimeField()
     current_tasks = serializers.ListField(child=serializers.UUIDField())

@@ -39,7 +39,7 @@ LEASE_LOST = {409: error("`lease_lost`: the worker does not hold this task's lea
 
 def claimed_task(task: Task) -> dict[str, Any]:
     body = task_to_dict(task)
-    body["lease_expires_at"] = isoformat(leases.lease_expires_at(task.heartbeat_at))
+    body["lease_expires_at"] = isoformat(task.lease_expires_at)
     return body
 
 

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -33,7 +34,7 @@ def claim(client: APIClient, worker: str = "w1", queues=("q",), **extra):
     return response.json()["tasks"]
 
 
-def post(client: APIClient, path: str, body: dict):
+def post(client: APIClient, path: str, body: dict[str, Any]):
     return client.post(f"/workers/{path}", body, format="json")
 
 
@@ -51,8 +52,8 @@ def test_claim__priority_then_fifo(worker_client: APIClient, queue) -> None:
     assert all(t["status"] == "executing" and t["attempts"] == 1 for t in got)
     assert all(t["claimed_by"] == "w1" for t in got)
     first = got[0]
-    expires = timezone.datetime.fromisoformat(first["lease_expires_at"])
-    beat = timezone.datetime.fromisoformat(first["heartbeat_at"])
+    expires = datetime.fromisoformat(first["lease_expires_at"])
+    beat = datetime.fromisoformat(first["heartbeat_at"])
     assert (expires - beat) == timedelta(seconds=30)
 
 
@@ -143,6 +144,7 @@ def test_heartbeat__extends_the_lease(worker_client: APIClient, queue) -> None:
     assert set(body) == {"task_id", "status", "heartbeat_at", "lease_expires_at"}
     assert body["status"] == "executing"
     task.refresh_from_db()
+    assert task.heartbeat_at is not None
     assert body["heartbeat_at"].startswith(task.heartbeat_at.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
@@ -156,7 +158,7 @@ LEASE_LOST_CASES = [
 @pytest.mark.parametrize("path", ["heartbeat", "ack", "nack"])
 @pytest.mark.parametrize(("case", "change"), LEASE_LOST_CASES)
 def test_fencing__foreign_or_stale_calls_are_409_and_change_nothing(
-    worker_client: APIClient, queue, path: str, case: str, change: dict
+    worker_client: APIClient, queue, path: str, case: str, change: dict[str, Any]
 ) -> None:
     task = TaskFactory(queue=queue, status=S.EXECUTING, worker_id="w1")
     before = Task.objects.get(pk=task.pk)
@@ -214,7 +216,7 @@ def test_nack__retries_with_backoff_then_dies(worker_client: APIClient, queue, s
     )
     body = response.json()
     assert (response.status_code, body["status"], body["last_error"]) == (200, "retry", "e1")
-    delay = timezone.datetime.fromisoformat(body["scheduled_at"]) - timezone.datetime.fromisoformat(
+    delay = datetime.fromisoformat(body["scheduled_at"]) - datetime.fromisoformat(
         body["updated_at"]
     )
     assert timedelta(seconds=1) <= delay <= timedelta(seconds=2)
@@ -255,7 +257,7 @@ def test_nack__retry_false_goes_dead_and_retry_after_is_used(
         "nack",
         {"worker_id": "w1", "task_id": str(b.pk), "error": "x", "retry_after_seconds": 600},
     ).json()
-    delay = timezone.datetime.fromisoformat(body["scheduled_at"]) - timezone.datetime.fromisoformat(
+    delay = datetime.fromisoformat(body["scheduled_at"]) - datetime.fromisoformat(
         body["updated_at"]
     )
     assert delay == timedelta(seconds=600)
@@ -264,7 +266,7 @@ def test_nack__retry_false_goes_dead_and_retry_after_is_used(
 def test_batches__each_item_on_its_own(worker_client: APIClient, queue) -> None:
     mine = [TaskFactory(queue=queue, status=S.EXECUTING, worker_id="w1") for _ in range(2)]
     foreign = TaskFactory(queue=queue, status=S.EXECUTING, worker_id="w2")
-    items = [{"task_id": str(t.pk)} for t in [*mine, foreign]]
+    items: list[dict[str, Any]] = [{"task_id": str(t.pk)} for t in [*mine, foreign]]
     beats = post(worker_client, "heartbeat/batch", {"worker_id": "w1", "items": items}).json()
     assert [r["ok"] for r in beats["results"]] == [True, True, False]
     assert beats["results"][0]["status"] == "executing"

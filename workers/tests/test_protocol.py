@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.utils import timezone
 
@@ -18,7 +20,7 @@ S = TaskStatus
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
 
 
-def _buffered(queue_name: str = "q", count: int = 1) -> list[Task]:
+def _buffered(queue_name: str = "q", count: int = 1) -> list[Any]:
     queue = QueueFactory(name=queue_name)
     tasks = [TaskFactory(queue=queue) for _ in range(count)]
     loop = DispatcherLoop()
