@@ -102,7 +102,7 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
         }
     # Each spec's task: an existing one (key seen) or the index of a new one.
     picks: list[Task | int] = []
-    new: list[Task] = []
+    new: list[transitions.NewTask] = []
     fresh_keys: dict[str, int] = {}
     for spec in specs:
         key = spec.idempotency_key
@@ -116,7 +116,7 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
             fresh_keys[key] = len(new)
         picks.append(len(new))
         new.append(
-            Task(
+            transitions.NewTask(
                 queue=queue,
                 payload=spec.payload,
                 priority=spec.priority,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ from queues.models import Queue
 from queues.notify import wake_dispatchers
 from taskforge import metrics
 from taskforge.lib import internals, jsonutil, pg
+from taskforge.lib.ids import uuid7
 from tasks import signals, sql
 from tasks.exceptions import InvalidTransition
 from tasks.lifecycle import Edge
@@ -67,33 +69,46 @@ _CANCEL: frozenset[Edge] = frozenset((s, S.CANCELLED) for s in (S.PENDING, S.CLA
 _REPLAY: frozenset[Edge] = frozenset({(S.DEAD, S.PENDING)})
 
 
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """What a new task is made of; `create` gives it its id and its first status."""
+
+    queue: Queue
+    payload: Any
+    priority: int
+    scheduled_at: datetime
+    max_retries: int
+    idempotency_key: str | None = None
+
+
 @verb(sql.CREATE.edges)
 def create(
-    tasks: Sequence[Task], *, now: datetime | None = None, buffer: bool = False
+    new: Sequence[NewTask], *, now: datetime | None = None, buffer: bool = False
 ) -> list[Task]:
     """Insert new tasks as `pending` (the move from nothing); return them as stored.
 
     One statement per queue writes the tasks and their events.  With
     `buffer`, tasks already due go on to `claimed` in the same statement
     (the caller pushes those to Redis after commit); otherwise due tasks wake
-    the dispatchers (NOTIFY, on commit).  Returns new instances in the order
-    given, each with the status its row has.  Caller contract: the tasks are
-    unsaved and carry their queue, payload, priority, scheduled_at,
-    max_retries and idempotency key; inside `atomic()` when several
-    statements must stand or fall together.
+    the dispatchers (NOTIFY, on commit).  Returns the tasks in the order
+    given, each with the status its row has, built as a query would load
+    them.  Caller contract: inside `atomic()` when several statements must
+    stand or fall together.
 
     Raises:
         IntegrityError: an idempotency key already exists in the queue, or the
             queue is gone.
     """
     now = now or timezone.now()
+    stored = [
+        _stored(item, S.CLAIMED if buffer and item.scheduled_at <= now else S.PENDING, now)
+        for item in new
+    ]
     by_queue: dict[Any, list[Task]] = {}
-    for task in tasks:
+    for task in stored:
         by_queue.setdefault(task.queue_id, []).append(task)
-    buffered: set[Any] = set()
     with connection.cursor() as cursor:
         for queue_id, group in by_queue.items():
-            flags = [buffer and task.scheduled_at <= now for task in group]
             cursor.execute(
                 sql.CREATE.text,
                 {
@@ -105,17 +120,12 @@ def create(
                     "scheduled": [task.scheduled_at for task in group],
                     "max_retries": [task.max_retries for task in group],
                     "keys": [task.idempotency_key for task in group],
-                    "buffer": flags,
+                    "buffer": [task.status == S.CLAIMED for task in group],
                     "notify": any(
-                        task.scheduled_at <= now and not flag
-                        for task, flag in zip(group, flags, strict=True)
+                        task.status == S.PENDING and task.scheduled_at <= now for task in group
                     ),
                 },
             )
-            buffered.update(task.pk for task, flag in zip(group, flags, strict=True) if flag)
-    stored = [
-        _as_stored(task, S.CLAIMED if task.pk in buffered else S.PENDING, now) for task in tasks
-    ]
     created = [_line(t.pk, t.queue.name, None, None, S.PENDING, 0, None) for t in stored]
     moved = [
         _line(t.pk, t.queue.name, None, S.PENDING, S.CLAIMED, 0, timedelta(0))
@@ -128,23 +138,28 @@ def create(
     return stored
 
 
-def _as_stored(task: Task, status: str, now: datetime) -> Task:
-    """The instance the CREATE statement wrote for `task`, as a query would load it."""
-    values = {
-        **{field.attname: getattr(task, field.attname) for field in _FIELDS},
-        "status": status,
-        "attempts": 0,
-        "created_at": now,
-        "updated_at": now,
-        "status_changed_at": now,
-    }
-    stored = Task.from_db(connection.alias, _ATTNAMES, [values[name] for name in _ATTNAMES])
-    stored.queue = task.queue
-    return stored
+# Task's fields in from_db order, and where create() puts each value.
+_ATTNAMES = [field.attname for field in Task._meta.concrete_fields]
+_AT = {name: index for index, name in enumerate(_ATTNAMES)}
 
 
-_FIELDS = Task._meta.concrete_fields
-_ATTNAMES = [field.attname for field in _FIELDS]
+def _stored(item: NewTask, status: str, now: datetime) -> Task:
+    """The row the CREATE statement writes for `item`, as a query would load it."""
+    values: list[Any] = [None] * len(_ATTNAMES)
+    values[_AT["id"]] = uuid7()
+    values[_AT["queue_id"]] = item.queue.pk
+    values[_AT["payload"]] = item.payload
+    values[_AT["status"]] = status
+    values[_AT["priority"]] = item.priority
+    values[_AT["scheduled_at"]] = item.scheduled_at
+    values[_AT["attempts"]] = 0
+    values[_AT["max_retries"]] = item.max_retries
+    values[_AT["idempotency_key"]] = item.idempotency_key
+    values[_AT["created_at"]] = values[_AT["updated_at"]] = now
+    values[_AT["status_changed_at"]] = now
+    task = Task.from_db(connection.alias, _ATTNAMES, values)
+    task.queue = item.queue
+    return task
 
 
 @verb(sql.BUFFER_DUE.edges)

@@ -26,9 +26,9 @@ def _executing(queue: Queue, worker_id: str, payload: Any, *, seconds_ago: float
     now = timezone.now()
     start = now - timedelta(seconds=seconds_ago)
     enqueued = start - timedelta(seconds=2.5)
-    task = Task(queue=queue, payload=payload, max_retries=queue.max_retries, scheduled_at=enqueued)
+    new = transitions.NewTask(queue, payload, 5, enqueued, queue.max_retries)
     with transaction.atomic():
-        transitions.create([task], now=enqueued, buffer=True)
+        [task] = transitions.create([new], now=enqueued, buffer=True)
         [task] = transitions.hand_out([str(task.pk)], worker_id=worker_id, now=start)
     beat = start + timedelta(seconds=10.2)
     while beat < now:

@@ -85,5 +85,5 @@ class TaskFactory(factory.django.DjangoModelFactory):
         if buffered and kwargs["scheduled_at"] > now:
             raise ValueError(f"A task due later cannot be {status} yet.")
         with transaction.atomic():
-            [task] = transitions.create([model_class(**kwargs)], now=now, buffer=buffered)
+            [task] = transitions.create([transitions.NewTask(**kwargs)], now=now, buffer=buffered)
         return walk(task, status, worker_id=worker_id)

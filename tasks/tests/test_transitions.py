@@ -122,13 +122,11 @@ def test_create__returns_the_tasks_as_their_rows_are() -> None:
     """Regression for issue 9: create answered `pending` for a row it had made `claimed`."""
     queue = QueueFactory()
     now = timezone.now()
-    due = Task(queue=queue, payload=1, priority=5, scheduled_at=now, max_retries=3)
-    later = Task(
-        queue=queue, payload=2, priority=5, scheduled_at=now + timedelta(hours=1), max_retries=3
-    )
+    due = transitions.NewTask(queue, 1, 5, now, 3)
+    later = transitions.NewTask(queue, 2, 5, now + timedelta(hours=1), 3)
     with transaction.atomic():
         stored = transitions.create([due, later], now=now, buffer=True)
-    assert [t.pk for t in stored] == [due.pk, later.pk]
+    assert [t.payload for t in stored] == [1, 2]
     for task in stored:
         row = Task.objects.get(pk=task.pk)
         assert (task.status, task.attempts, task.created_at) == (
