@@ -216,3 +216,17 @@ def test_json_formatter__keeps_the_spaced_layout() -> None:
     record = logging.makeLogRecord({"msg": "loop.started", "loop": "dispatcher"})
     text = JsonFormatter().format(record)
     assert '"event": "loop.started", "loop": "dispatcher"' in text
+
+
+def test_gunicorn_lines__format_under_our_logging_settings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Regression for issue 11: Ctrl-C in `make run` printed "--- Logging error ---"
+    tracebacks, gunicorn's `%(process)d` finding no process id on the record."""
+    from gunicorn.glogging import Logger as GunicornLogger
+
+    record = logging.LogRecord(
+        "gunicorn.error", logging.INFO, __file__, 1, "Worker exiting", (), None
+    )
+    formatter = logging.Formatter(GunicornLogger.error_fmt, GunicornLogger.datefmt)
+    assert f"[{os.getpid()}] [INFO] Worker exiting" in formatter.format(record)
