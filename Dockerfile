@@ -39,4 +39,4 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
 
 # The API. The loops run the same image with another command
 # (`python manage.py run_dispatcher`, `run_scheduler`, `run_watchdog`).
-CMD ["gunicorn", "taskforge.wsgi", "-c", "gunicorn.conf.py"]
+CMD ["python", "manage.py", "run_api"]

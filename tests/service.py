@@ -1,6 +1,6 @@
 """The whole TaskForge service as real OS processes, for end-to-end fault tests.
 
-`Service` starts gunicorn (the API) and the three loops (`run_dispatcher`,
+`Service` starts the API (`run_api`) and the three loops (`run_dispatcher`,
 `run_scheduler`, `run_watchdog`) as child processes of the test, each in its
 own process group, against the database and Redis given in its environment.
 It can SIGKILL, SIGTERM and restart any one of them, waits for `/readyz` and
@@ -88,7 +88,7 @@ class Proc:
 
 
 class Service:
-    """gunicorn + the three loops, as child processes."""
+    """The API (run_api) + the three loops, as child processes."""
 
     def __init__(self, workdir: Path, env: Mapping[str, str]) -> None:
         self.workdir = workdir
@@ -103,7 +103,7 @@ class Service:
         python = sys.executable
         self.killed_at_stop: list[str] = []
         self.procs: dict[str, Proc] = {
-            API: Proc(API, [python, "-m", "gunicorn", "taskforge.wsgi", "-c", "gunicorn.conf.py"]),
+            API: Proc(API, [python, "manage.py", "run_api"]),
             **{name: Proc(name, [python, "manage.py", f"run_{name}"]) for name in LOOPS},
         }
 
@@ -234,16 +234,14 @@ class Service:
         assert not down, f"processes died: {down}\n{self.tails()}"
 
     def stop(self) -> None:
-        """SIGTERM (gunicorn: SIGINT) each process group; SIGKILL what is left after STOP_GRACE."""
+        """SIGTERM each process; SIGKILL what is left (process groups) after STOP_GRACE."""
         live = [p for p in self.procs.values() if p.popen is not None and p.popen.poll() is None]
         for proc in live:
             assert proc.popen is not None
-            # gunicorn's quick shutdown is SIGINT (its SIGTERM waits for long polls); only
-            # to the master, which stops its workers (a signal to the whole group makes
-            # the workers hang now and then).
-            sig = signal.SIGINT if proc.name == API else signal.SIGTERM
+            # Only to the API's master, which drains and stops its workers (a signal to
+            # the whole group makes the workers hang now and then).
             with contextlib.suppress(ProcessLookupError):
-                proc.popen.send_signal(sig)
+                proc.popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE
         for proc in live:
             assert proc.popen is not None

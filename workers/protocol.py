@@ -40,8 +40,22 @@ from workers.exceptions import LeaseLost
 
 logger = logging.getLogger(__name__)
 
-# A waiting claim looks again at least this often, even without a wake-up.
+# A waiting claim looks again at least this often, even without a wake-up
+# (and so notices a server that is stopping within this).
 MAX_WAIT_SLICE = 1.0
+
+# Set when this server process stops: waiting claims answer what they have
+# (nothing) instead of holding the shutdown for up to `wait_seconds`.
+_draining = False
+
+
+def stop_waiting() -> None:
+    """End every waiting claim of this process within MAX_WAIT_SLICE.
+
+    Safe to call from a signal handler: it only sets a flag.
+    """
+    global _draining
+    _draining = True
 # Pops per queue per attempt: ids of cancelled tasks make a pop come up short.
 _POP_ROUNDS = 3
 
@@ -97,7 +111,7 @@ def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> l
             pause = min(left, MAX_WAIT_SLICE, retry_in if retry_in else MAX_WAIT_SLICE)
             _release_connection()
             wake.wait(pause)
-            if gone is not None and gone():
+            if (gone is not None and gone()) or _draining:
                 return []
             # A pause is enforced by the hand-out itself; re-read only to see
             # a paused queue resume.
