@@ -56,6 +56,8 @@ def stop_waiting() -> None:
     """
     global _draining
     _draining = True
+
+
 # Pops per queue per attempt: ids of cancelled tasks make a pop come up short.
 _POP_ROUNDS = 3
 
