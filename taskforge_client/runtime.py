@@ -68,6 +68,8 @@ class _Running:
     task: Task
     started: float
     lost: bool = False  # lease lost or given up: the outcome is not reported
+    # The handler has returned: the ack or nack is decided (and being sent).
+    finishing: bool = False
     reported: threading.Event = field(default_factory=threading.Event)
     lease_seconds: float | None = None
 
@@ -255,13 +257,17 @@ class Worker:
             if result is not None:
                 json.dumps(result)  # refuse a result the API could not store, as a failure
         except Permanent as exc:
+            run.finishing = True
             self._nack(run, _error_text(exc), retry=False)
         except RetryAfter as exc:
+            run.finishing = True
             self._nack(run, _error_text(exc), retry_after=exc.seconds)
         except Exception as exc:
+            run.finishing = True
             log.warning("task %s failed: %s: %s", task.id, type(exc).__name__, exc)
             self._nack(run, _error_text(exc))
         else:
+            run.finishing = True
             self._ack(run, result)
 
     def _report(self, run: _Running, what: str, call: Callable[[], Any]) -> bool:
@@ -334,29 +340,38 @@ class Worker:
             if time.monotonic() - last_round < self._interval():
                 continue
             last_round = time.monotonic()
-            with self._lock:
-                runs = [r for r in self._running.values() if not r.lost]
-            if not runs:
+            self._heartbeat_round()
+
+    def _heartbeat_round(self) -> None:
+        """Extend the leases of the tasks whose handler still runs, 100 a call.
+
+        A task whose handler has returned is left out: its ack or nack is on
+        its way, and a heartbeat that crosses it (answered `lease_lost`, the
+        task being done already) says nothing about the outcome.
+        """
+        with self._lock:
+            runs = [r for r in self._running.values() if not r.lost and not r.finishing]
+        for start in range(0, len(runs), 100):
+            chunk = runs[start : start + 100]
+            try:
+                results = self.client.heartbeat_batch(
+                    self.worker_id, [(r.task.id, r.task.attempts) for r in chunk]
+                )
+            except TaskForgeError as exc:
+                log.warning("heartbeat of %d tasks failed: %s", len(chunk), exc)
                 continue
-            for start in range(0, len(runs), 100):
-                chunk = runs[start : start + 100]
-                try:
-                    results = self.client.heartbeat_batch(
-                        self.worker_id, [(r.task.id, r.task.attempts) for r in chunk]
+            for run, res in zip(chunk, results, strict=False):
+                if res.ok or run.finishing:
+                    continue  # finishing: the handler returned while this call was out
+                if res.error_code == "lease_lost":
+                    run.lost = True
+                    log.warning(
+                        "task %s: lease lost (%s); its outcome will be dropped",
+                        run.task.id,
+                        res.error_message,
                     )
-                except TaskForgeError as exc:
-                    log.warning("heartbeat of %d tasks failed: %s", len(chunk), exc)
-                    continue
-                for run, res in zip(chunk, results, strict=False):
-                    if not res.ok and res.error_code == "lease_lost":
-                        run.lost = True
-                        log.warning(
-                            "task %s: lease lost (%s); its outcome will be dropped",
-                            run.task.id,
-                            res.error_message,
-                        )
-                    elif not res.ok:
-                        log.warning("task %s: heartbeat refused: %s", run.task.id, res.error_code)
+                else:
+                    log.warning("task %s: heartbeat refused: %s", run.task.id, res.error_code)
 
     # -- shutdown --
 

@@ -496,3 +496,39 @@ def test_worker_survives_api_restart(
     assert producer.get_task(name, first.id).result == {"doubled": 2}
     assert producer.get_task(name, second.id).result == {"doubled": 4}
     assert any("claim failed" in r.getMessage() for r in caplog.records)
+
+
+def test_heartbeat_crossing_an_ack_is_not_a_lost_lease(
+    admin: TaskForge, producer: TaskForge, keys: Keys, service: Service, caplog: Any
+) -> None:
+    """Regression for issue 11: a heartbeat round sent while a finished task's ack was in
+    flight came back `lease_lost` (the task was done) and the worker logged that the
+    outcome would be dropped, though it had been delivered."""
+    from taskforge_client import runtime
+
+    name = qname()
+    admin.create_queue(name)
+    producer.enqueue(name, {"n": 1})
+    worker = Worker(service.base_url, keys.worker, queues=[name], handler=sdk_handlers.double)
+    [task] = worker.client.claim(worker.worker_id, [name], max_tasks=1, wait_seconds=5)
+    run = runtime._Running(task, time.monotonic())
+    worker._running[task.id] = run
+
+    class AckLandsFirst(TaskForge):
+        """The handler returns and its ack commits while the heartbeat call is out."""
+
+        def heartbeat_batch(self, worker_id: str, items: Any) -> Any:
+            run.finishing = True
+            self.ack(worker_id, task.id, task.attempts, {"doubled": 2})
+            return super().heartbeat_batch(worker_id, items)
+
+    worker.client.close()
+    worker.client = AckLandsFirst(service.base_url, keys.worker)
+    try:
+        with caplog.at_level("WARNING", logger="taskforge_client.worker"):
+            worker._heartbeat_round()
+    finally:
+        worker.client.close()
+    assert not run.lost
+    assert "lease lost" not in caplog.text
+    assert producer.get_task(name, task.id).status == "done"
