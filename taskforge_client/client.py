@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import urllib3
 
+from taskforge_client.batching import EnqueueBatcher
 from taskforge_client.errors import ConnectionFailed, TaskForgeError, error_from_response
 from taskforge_client.models import (
     BatchResult,
@@ -472,6 +473,34 @@ class TaskForge:
         if result is not None:
             body["result"] = result
         return Task.from_dict(self.request("POST", "/workers/ack", body, idempotent=True))
+
+    def ack_batch(
+        self, worker_id: str, items: Iterable[tuple[str, int | None, Any]]
+    ) -> list[BatchResult]:
+        """Ack several tasks at once: items are (task_id, attempt, result); 1..100 of them.
+
+        Each item is answered on its own (`ok`, or its error such as `lease_lost`).
+        Idempotent, hence retried.
+        """
+        body_items = []
+        for task_id, attempt, result in items:
+            item = _item(task_id, attempt)
+            if result is not None:
+                item["result"] = result
+            body_items.append(item)
+        body = {"worker_id": worker_id, "items": body_items}
+        answer = self.request("POST", "/workers/ack/batch", body, idempotent=True)
+        return [BatchResult.from_dict(r) for r in answer["results"]]
+
+    def batcher(self, *, linger: float = 0.005, max_batch: int = 1000) -> EnqueueBatcher:
+        """A background batcher of single enqueues (see `taskforge_client.batching`).
+
+        `batcher.enqueue(queue, payload, ...)` may be called from many threads; the
+        calls that arrive within `linger` seconds go as one batch per queue (at most
+        `max_batch` tasks), and each returns its own task or raises its own error.
+        Close it (or use a `with` block) to send what is queued and stop its thread.
+        """
+        return EnqueueBatcher(self, linger=linger, max_batch=max_batch)
 
     def nack(
         self,

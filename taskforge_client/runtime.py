@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from taskforge_client.batching import AckBatcher
 from taskforge_client.client import TaskForge
 from taskforge_client.errors import (
     ConnectionFailed,
@@ -172,6 +173,8 @@ class Worker:
             self.queues,
             self.concurrency,
         )
+        # Acks of tasks that finish within a few milliseconds go as one ack/batch call.
+        self._acks = AckBatcher(self.client, self.worker_id)
         for n in range(self.concurrency):
             self._spawn(self._execute_loop, f"taskforge-exec-{n}")
         self._spawn(self._heartbeat_loop, "taskforge-heartbeat")
@@ -296,14 +299,23 @@ class Worker:
                 return False
 
     def _ack(self, run: _Running, result: Any) -> None:
+        """Ack through the batcher (retried through network trouble for a minute)."""
         task = run.task
-        if self._report(
-            run,
-            "ack",
-            lambda: self.client.ack(self.worker_id, task.id, task.attempts, result),
-        ):
+        if run.lost:
+            log.warning("task %s: lease given up; ack not sent", task.id)
+            return
+        try:
+            answer = self._acks.ack(task.id, task.attempts, result)
+        except TaskForgeError as exc:
+            log.error("task %s: ack not delivered (%s); giving up", task.id, exc)
+            return
+        if answer.ok:
             self.processed += 1
             log.info("task %s done in %.3fs", task.id, time.monotonic() - run.started)
+        elif answer.error_code == "lease_lost":
+            log.warning("task %s: lease lost, ack dropped (%s)", task.id, answer.error_message)
+        else:
+            log.error("task %s: ack refused: %s", task.id, answer.error_code)
 
     def _nack(
         self, run: _Running, error: str, *, retry: bool = True, retry_after: float | None = None
@@ -392,6 +404,7 @@ class Worker:
             run.lost = True
         for _ in range(self.concurrency):
             self._inbox.put(None)
+        self._acks.close()
         self.client.close()
         log.info(
             "worker %s stopped: %d done, %d failed, %d abandoned",

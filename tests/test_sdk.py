@@ -34,7 +34,9 @@ from taskforge_client import (
     Invalid,
     LeaseLost,
     NotFound,
+    Task,
     TaskForge,
+    TaskForgeError,
     TaskSpec,
     Unauthorized,
     Unavailable,
@@ -532,3 +534,104 @@ def test_heartbeat_crossing_an_ack_is_not_a_lost_lease(
     assert not run.lost
     assert "lease lost" not in caplog.text
     assert producer.get_task(name, task.id).status == "done"
+
+
+# -- batching ------------------------------------------------------------------------------
+
+
+def _api_requests(service: Service, path: str) -> int:
+    return sum(
+        1
+        for line in service.log_lines("api")
+        if line.get("event") == "http.request" and line.get("path") == path
+    )
+
+
+def test_enqueue_batcher__many_threads_few_requests_each_its_own_task(
+    admin: TaskForge, producer: TaskForge, service: Service
+) -> None:
+    name = qname()
+    admin.create_queue(name)
+    got: dict[int, Task] = {}
+    with producer.batcher(linger=0.02) as batcher:
+
+        def produce(thread: int) -> None:
+            for n in range(25):
+                got[thread * 100 + n] = batcher.enqueue(name, {"n": thread * 100 + n})
+
+        threads = [threading.Thread(target=produce, args=(t,)) for t in range(8)]
+        sent_before = producer.requests_sent
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert len(got) == 200
+    assert all(task.payload == {"n": n} and task.queue == name for n, task in got.items())
+    assert len({task.id for task in got.values()}) == 200
+    assert all(task.status == "pending" for task in got.values())  # as an enqueue answers
+    # 8 threads each waiting for its previous task: far fewer calls than tasks.
+    assert producer.requests_sent - sent_before <= 100
+
+
+def test_enqueue_batcher__a_bad_item_fails_only_its_own_call(
+    admin: TaskForge, producer: TaskForge
+) -> None:
+    name = qname()
+    admin.create_queue(name)
+    results: dict[str, Any] = {}
+    with producer.batcher(linger=0.2) as batcher:
+
+        def call(label: str, **options: Any) -> None:
+            try:
+                results[label] = batcher.enqueue(name, {"label": label}, **options)
+            except TaskForgeError as exc:
+                results[label] = exc
+
+        threads = [
+            threading.Thread(target=call, args=("good-1",)),
+            threading.Thread(target=call, args=("bad",), kwargs={"priority": 11}),
+            threading.Thread(target=call, args=("good-2",), kwargs={"priority": 2}),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    bad = results["bad"]
+    assert isinstance(bad, Invalid) and set(bad.fields) == {"priority"}, bad
+    assert results["good-1"].payload == {"label": "good-1"}
+    assert results["good-2"].priority == 2
+    assert {t.payload["label"] for t in producer.list_tasks(name)} == {"good-1", "good-2"}
+
+
+def test_ack_batch__each_item_answered_on_its_own(
+    admin: TaskForge, producer: TaskForge, keys: Keys, service: Service
+) -> None:
+    name = qname()
+    admin.create_queue(name)
+    producer.enqueue_many(name, [TaskSpec({"n": n}) for n in range(3)])
+    with TaskForge(service.base_url, keys.worker) as worker:
+        claimed = worker.claim("w-batch", [name], max_tasks=3, wait_seconds=5)
+        assert len(claimed) == 3
+        items: list[tuple[str, int, Any]] = [
+            (t.id, t.attempts, {"n": i}) for i, t in enumerate(claimed)
+        ]
+        items[2] = (claimed[2].id, claimed[2].attempts + 1, None)  # a stale attempt
+        results = worker.ack_batch("w-batch", items)
+    assert [r.ok for r in results] == [True, True, False]
+    assert results[2].error_code == "lease_lost"
+    assert producer.get_task(name, claimed[0].id).result == {"n": 0}
+
+
+def test_worker__acks_through_ack_batch(
+    admin: TaskForge, producer: TaskForge, keys: Keys, service: Service
+) -> None:
+    name = qname()
+    admin.create_queue(name)
+    batches_before = _api_requests(service, "/workers/ack/batch")
+    singles_before = _api_requests(service, "/workers/ack")
+    producer.enqueue_many(name, [TaskSpec({"n": n}) for n in range(30)])
+    with running_worker(service, keys.worker, name, sdk_handlers.double, concurrency=8) as w:
+        wait_for(lambda: w.processed == 30, 30, "30 tasks acked")
+    assert all(t.status == "done" for t in producer.list_tasks(name))
+    assert _api_requests(service, "/workers/ack") == singles_before
+    assert _api_requests(service, "/workers/ack/batch") > batches_before
