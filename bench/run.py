@@ -7,7 +7,9 @@ load-generator processes over HTTP, and prints a readable table and one JSON lin
    and batch (`POST .../tasks/batch`, 1000 tasks per request);
 2. end-to-end tasks/s with concurrent producers and workers: the single path (enqueue one,
    claim `max_tasks` 1, ack one) and the batched path (batch enqueue, claim 100, `ack/batch`);
-3. enqueue-to-claim latency with one idle long-polling worker (`wait_seconds` 5): from just
+3. end-to-end tasks/s through the Python SDK: producer threads calling the enqueue
+   batcher one task at a time, `Worker` processes (the `sdk` phase);
+4. enqueue-to-claim latency with one idle long-polling worker (`wait_seconds` 5): from just
    before the enqueue request is sent until the claim response arrives.
 
 Each figure is measured over several runs (median, min, max); the CPU each component used
@@ -339,6 +341,82 @@ def load_workers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
             "client_cpu_s": cpu,
         }
     )
+
+
+def load_sdk_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """SDK producers: threads calling `batcher.enqueue` one task at a time (taskforge_client)."""
+    _child_init()
+    from taskforge_client import TaskForge
+
+    url = "http://{}:{}".format(*cfg["address"])
+    client = TaskForge(url, cfg["key"], maxsize=4)
+    batcher = client.batcher()
+    lock = threading.Lock()
+    in_window = [0.0]
+    failures = [0]
+    t_start, t_end = _wait_go(shared)
+
+    def run(i: int) -> None:
+        clock = time.monotonic
+        while not shared.stop.is_set():
+            now = clock()
+            if now >= t_end:
+                return
+            if shared.enqueued.value - shared.acked.value + 1 > cfg["max_backlog"]:
+                time.sleep(0.001)
+                continue
+            try:
+                batcher.enqueue(cfg["queue"], PAYLOAD)
+            except Exception:
+                with lock:
+                    failures[0] += 1
+                continue
+            done = clock()
+            with lock:
+                shared.enqueued.value += 1
+                in_window[0] += _share(1, now, done, t_start, t_end)
+
+    threads = _threads(cfg["threads"], run)
+    cpu = _cpu_in_window(t_start, t_end)
+    for thread in threads:
+        thread.join()
+    batcher.close()
+    client.close()
+    out.send({"enqueued_in_window": in_window[0], "failures": failures[0], "client_cpu_s": cpu})
+
+
+def load_sdk_worker(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """One SDK `Worker` process (claims for its free slots, batches its acks)."""
+    _child_init()
+    from taskforge_client import Worker
+
+    lock = threading.Lock()
+
+    def handle(task: Any) -> None:
+        with lock:
+            shared.acked.value += 1  # handled: the producers' flow control
+
+    url = "http://{}:{}".format(*cfg["address"])
+    worker = Worker(
+        url,
+        cfg["key"],
+        queues=[cfg["queue"]],
+        handler=handle,
+        concurrency=cfg["concurrency"],
+        wait_seconds=1.0,
+        grace_seconds=5.0,
+    )
+    runner = threading.Thread(target=lambda: worker.run(install_signal_handlers=False))
+    runner.start()
+    t_start, t_end = _wait_go(shared)
+    time.sleep(max(0.0, t_start - time.monotonic()))
+    at_start = worker.processed
+    cpu = _cpu_in_window(t_start, t_end)
+    at_end = worker.processed
+    shared.stop.wait()
+    worker.stop()
+    runner.join(timeout=10)
+    out.send({"acked_in_window": float(at_end - at_start), "failures": 0, "client_cpu_s": cpu})
 
 
 def load_latency(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
@@ -1035,6 +1113,48 @@ class Bench:
             "runs": per_run,
         }
 
+    def phase_sdk(self, runs: int) -> dict[str, Any]:
+        """SDK end to end: producer threads through the enqueue batcher, Worker processes."""
+        args = self.args
+        per_run = []
+        for run in range(runs):
+            queue = self.new_queue("sdk")
+            prod = {"queue": queue, "threads": args.sdk_producers, "max_backlog": 2000}
+            work = {"queue": queue, "concurrency": args.sdk_concurrency}
+            results, cores, shared = self.run_load(
+                [(load_sdk_producers, prod)] + [(load_sdk_worker, work)] * args.sdk_workers,
+                warmup=args.e2e_warmup,
+                window=args.window,
+                drain=args.drain,
+            )
+            p, workers = results[0], results[1:]
+            window = shared.t_end.value - shared.t_start.value
+            acked = sum(w["acked_in_window"] for w in workers)
+            client_cpu = p["client_cpu_s"] + sum(w["client_cpu_s"] for w in workers)
+            result = {
+                "rate": acked / window,
+                "enqueue_rate": p["enqueued_in_window"] / window,
+                "failures": p["failures"],
+                "cores": finish_cores(cores, client_cpu, window),
+            }
+            result["cpu_ms_per_task"] = cpu_ms_per_task(result["cores"], result["rate"])
+            self.retire_queue(queue)
+            self.settle()
+            per_run.append(result)
+            log(f"sdk run {run + 1}/{runs}: {result['rate']:.0f} tasks/s")
+        return {
+            "unit": "tasks/s",
+            "producers": args.sdk_producers,
+            "workers": args.sdk_workers,
+            "concurrency": args.sdk_concurrency,
+            **summary([r["rate"] for r in per_run]),
+            "enqueue_rate_median": summary([r["enqueue_rate"] for r in per_run])["median"],
+            "cores": median_dict([r["cores"] for r in per_run]),
+            "cpu_ms_per_task": median_dict([r["cpu_ms_per_task"] for r in per_run]),
+            "failures": sum(r["failures"] for r in per_run),
+            "runs": per_run,
+        }
+
     def phase_latency(self, runs: int, profile: bool) -> dict[str, Any]:
         args = self.args
         per_run = []
@@ -1214,6 +1334,12 @@ def table(report: dict[str, Any]) -> str:
     if "e2e_batched" in res:
         e = res["e2e_batched"]
         row(f"e2e batched ({e['producers']}P/{e['workers']}W)", e, "tasks/s", "e2e_batched")
+    if "sdk" in res:
+        e = res["sdk"]
+        label = (
+            f"e2e SDK ({e['producers']} producer threads, {e['workers']}x{e['concurrency']} Worker)"
+        )
+        row(label, e, "tasks/s")
     if "latency" in res:
         row("enqueue->claim p50", res["latency"]["p50"], "ms", "latency_p50")
         row("enqueue->claim p99", res["latency"]["p99"], "ms", "latency_p99")
@@ -1226,7 +1352,7 @@ def table(report: dict[str, Any]) -> str:
         "CPU during the measured windows, in cores (median of runs; "
         f"{report['environment'].get('cpus')} cores = the whole machine):"
     )
-    for name in ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "latency"):
+    for name in ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "sdk", "latency"):
         if name in res:
             cores = res[name]["cores"]
             ranked = sorted(cores.items(), key=lambda item: -item[1])
@@ -1237,7 +1363,7 @@ def table(report: dict[str, Any]) -> str:
         "Service CPU per task in ms (median of runs; API + loops + Postgres + Redis). "
         "On C free cores, tasks/s <= C * 1000 / total:"
     )
-    for name in ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched"):
+    for name in ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "sdk"):
         per = res.get(name, {}).get("cpu_ms_per_task")
         if per:
             ranked = sorted(((k, v) for k, v in per.items() if k != "total"), key=lambda i: -i[1])
@@ -1278,8 +1404,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
     p.add_argument(
         "--only",
-        default="enqueue,e2e,latency",
-        help="comma-separated phases: enqueue, e2e, latency (default all)",
+        default="enqueue,e2e,sdk,latency",
+        help="comma-separated phases: enqueue, e2e, sdk, latency (default all)",
     )
     p.add_argument("--window", type=float, default=3.0, help="measured seconds per run")
     p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before")
@@ -1293,6 +1419,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--e2e-batch-workers", type=int, default=4)
     p.add_argument("--single-backlog", type=int, default=100, help="max tasks not yet acked")
     p.add_argument("--batch-backlog", type=int, default=4000)
+    p.add_argument("--sdk-producers", type=int, default=8, help="SDK producer threads")
+    p.add_argument("--sdk-workers", type=int, default=2, help="SDK Worker processes")
+    p.add_argument("--sdk-concurrency", type=int, default=8, help="each SDK Worker's")
     p.add_argument("--latency-samples", type=int, default=200)
     p.add_argument("--latency-gap", type=float, default=0.02, help="idle seconds before each")
     p.add_argument("--profile", metavar="DIR", help="one extra py-spy-recorded run per phase")
@@ -1305,7 +1434,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
-    unknown = args.phases - {"enqueue", "e2e", "latency"}
+    unknown = args.phases - {"enqueue", "e2e", "sdk", "latency"}
     if unknown:
         p.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     if args.runs < 1:
@@ -1352,6 +1481,8 @@ def main(argv: list[str] | None = None) -> int:
         if "e2e" in args.phases:
             results["e2e_single"] = bench.phase_e2e(False, args.runs, profile)
             results["e2e_batched"] = bench.phase_e2e(True, args.runs, profile)
+        if "sdk" in args.phases:
+            results["sdk"] = bench.phase_sdk(args.runs)
         if "latency" in args.phases:
             results["latency"] = bench.phase_latency(args.runs, profile)
     except Interrupted as exc:
