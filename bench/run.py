@@ -10,7 +10,9 @@ load-generator processes over HTTP, and prints a readable table and one JSON lin
 3. end-to-end tasks/s through the Python SDK: producer threads calling the enqueue
    batcher one task at a time, `Worker` processes (the `sdk` phase);
 4. enqueue-to-claim latency with one idle long-polling worker (`wait_seconds` 5): from just
-   before the enqueue request is sent until the claim response arrives.
+   before the enqueue request is sent until the claim response arrives;
+5. an idle fleet (`fleet`): a thousand workers long-polling, and what that leaves of the
+   API for everyone else (/healthz and enqueue p99, delivery to the fleet, API memory).
 
 Each figure is measured over several runs (median, min, max); the CPU each component used
 during the measured windows is reported too, to show what bounds the figure.
@@ -419,6 +421,98 @@ def load_sdk_worker(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     out.send({"acked_in_window": float(at_end - at_start), "failures": 0, "client_cpu_s": cpu})
 
 
+def load_fleet(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """An idle fleet: `pollers` workers long-polling one queue (`wait_seconds` 30) in a loop.
+
+    Each acks what it gets and polls again; reports when (wall clock) each task arrived.
+    """
+    _child_init()
+    address, key, queue = tuple(cfg["address"]), cfg["key"], cfg["queue"]
+    arrivals: dict[str, float] = {}
+    failures = [0]
+    lock = threading.Lock()
+    _wait_go(shared)
+
+    def poll(i: int) -> None:
+        conn = http.client.HTTPConnection(address[0], address[1], timeout=40)
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        claim = json.dumps(
+            {"worker_id": f"fleet-{i}", "queues": [queue], "wait_seconds": 30}
+        ).encode()
+        while not shared.stop.is_set():
+            try:
+                conn.request("POST", "/workers/claim", claim, headers)
+                response = conn.getresponse()
+                data = response.read()
+            except (http.client.HTTPException, OSError):
+                with lock:
+                    failures[0] += 1
+                conn.close()
+                time.sleep(0.1)
+                continue
+            arrived = time.time()
+            tasks = json.loads(data)["tasks"] if response.status == 200 else []
+            for task in tasks:
+                with lock:
+                    arrivals[task["id"]] = arrived
+                ack = {"worker_id": f"fleet-{i}", "task_id": task["id"]}
+                with contextlib.suppress(http.client.HTTPException, OSError):
+                    conn.request("POST", "/workers/ack", json.dumps(ack).encode(), headers)
+                    conn.getresponse().read()
+        conn.close()
+
+    # Started one by one: a thousand connections at once would measure the accept queue.
+    for i in range(cfg["pollers"]):
+        threading.Thread(target=poll, args=(i,), daemon=True).start()
+        time.sleep(0.002)
+    shared.stop.wait()
+    with lock:
+        out.send({"arrivals": dict(arrivals), "failures": failures[0]})
+
+
+def load_fleet_probe(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """While the fleet waits: GET /healthz and an enqueue elsewhere every 50 ms, and every
+    0.5 s one task for the fleet (its delivery time is matched with the fleet's arrivals)."""
+    _child_init()
+    address, key = tuple(cfg["address"]), cfg["key"]
+    health: list[float] = []
+    enqueue: list[float] = []
+    sent: dict[str, float] = {}
+    t_start, t_end = _wait_go(shared)
+    time.sleep(max(0.0, t_start - time.monotonic()))
+    timeout = 10.0
+
+    def timed(method: str, path: str, body: Any = None) -> tuple[float, Any]:
+        conn = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
+        began = time.perf_counter()
+        try:
+            headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+            conn.request(method, path, None if body is None else json.dumps(body), headers)
+            response = conn.getresponse()
+            data = response.read()
+            took = time.perf_counter() - began
+            return (took if response.status < 300 else timeout), data
+        except (http.client.HTTPException, OSError):
+            return timeout, None
+        finally:
+            conn.close()
+
+    next_delivery = time.monotonic()
+    while time.monotonic() < t_end and not shared.stop.is_set():
+        health.append(timed("GET", "/healthz")[0])
+        enqueue.append(timed("POST", f"/queues/{cfg['other']}/tasks", {"payload": PAYLOAD})[0])
+        if time.monotonic() >= next_delivery:
+            next_delivery += 0.5
+            began = time.time()
+            took, data = timed("POST", f"/queues/{cfg['queue']}/tasks", {"payload": PAYLOAD})
+            if data and took < timeout:
+                sent[json.loads(data)["id"]] = began
+        time.sleep(0.05)
+    health.sort()
+    enqueue.sort()
+    out.send({"health": health, "enqueue": enqueue, "sent": sent})
+
+
 def load_latency(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     """One idle long-polling worker; one producer enqueues one task at a time."""
     _child_init()
@@ -509,6 +603,17 @@ def load_latency(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     )
 
 
+def _rss_mb(pids: list[int]) -> float:
+    """Resident memory of these processes together, in MB (from /proc)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total / 1024
+
+
 def _pct(sorted_values: list[float], p: float) -> float:
     """Nearest-rank percentile of an already sorted list."""
     if not sorted_values:
@@ -569,11 +674,11 @@ class Service:
         return found
 
     def stop(self) -> None:
-        # gunicorn: SIGINT is its quick shutdown (SIGTERM would wait for long polls).
-        for name, proc in self.procs.items():
+        # run_api drains on SIGTERM: waiting long polls answer at once.
+        for proc in self.procs.values():
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGINT if name == "api" else signal.SIGTERM)
+                    proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 6
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -824,10 +929,7 @@ class Bench:
             text=True,
         ).stdout.strip()
         self.service = Service(env, self.logdir)
-        gunicorn = str(Path(python).parent / "gunicorn")
-        if not Path(gunicorn).exists():
-            gunicorn = shutil.which("gunicorn") or "gunicorn"
-        self.service.start("api", [gunicorn, "taskforge.wsgi", "-c", "gunicorn.conf.py"])
+        self.service.start("api", [python, "manage.py", "run_api"])
         for loop in LOOPS:
             self.service.start(loop, [python, "manage.py", f"run_{loop}"])
         self._wait_ready()
@@ -1155,6 +1257,49 @@ class Bench:
             "runs": per_run,
         }
 
+    def phase_fleet(self) -> dict[str, Any]:
+        """An idle fleet of long-polling workers: does it cost the API its capacity?"""
+        args = self.args
+        queue = self.new_queue("fleet")
+        other = self.new_queue("fleet-other")
+        fleet = {"queue": queue, "pollers": args.fleet}
+        probe = {"queue": queue, "other": other}
+        rss: list[float] = []
+
+        def sample_rss() -> None:
+            assert self.service is not None
+            time.sleep(args.fleet / 500 + args.window / 2)
+            rss.append(_rss_mb(self.service.pids()["api"]))
+
+        sampler = threading.Thread(target=sample_rss, daemon=True)
+        sampler.start()
+        (f, p), cores, _ = self.run_load(
+            [(load_fleet, fleet), (load_fleet_probe, probe)],
+            warmup=args.fleet / 500 + 2.0,  # the pollers connect one by one, 2 ms apart
+            window=args.window * 3,
+            drain=0.0,
+        )
+        sampler.join(5)
+        delivered = [
+            f["arrivals"][tid] - at for tid, at in p["sent"].items() if tid in f["arrivals"]
+        ]
+        delivered.sort()
+        self.retire_queue(queue)
+        self.retire_queue(other)
+        self.settle(2.0)
+        return {
+            "pollers": args.fleet,
+            "healthz_p99_ms": _pct(p["health"], 99) * 1000,
+            "enqueue_p99_ms": _pct(p["enqueue"], 99) * 1000,
+            "probes": len(p["health"]),
+            "deliveries": len(p["sent"]),
+            "delivered": len(delivered),
+            "delivery_max_ms": (delivered[-1] * 1000) if delivered else float("nan"),
+            "poll_failures": f["failures"],
+            "api_rss_mb": rss[0] if rss else float("nan"),
+            "cores": cores,
+        }
+
     def phase_latency(self, runs: int, profile: bool) -> dict[str, Any]:
         args = self.args
         per_run = []
@@ -1346,6 +1491,17 @@ def table(report: dict[str, Any]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if "fleet" in res:
+        f = res["fleet"]
+        lines.append("")
+        lines.append(
+            f"Idle fleet ({f['pollers']} workers long-polling one queue, wait_seconds 30): "
+            f"/healthz p99 {f['healthz_p99_ms']:.1f} ms, enqueue elsewhere p99 "
+            f"{f['enqueue_p99_ms']:.1f} ms (targets <= 50 ms; 10,000 ms = no answer); "
+            f"{f['delivered']}/{f['deliveries']} tasks for the fleet delivered, slowest "
+            f"{f['delivery_max_ms']:.0f} ms (target: all within 1,000 ms); API RSS "
+            f"{f['api_rss_mb']:.0f} MB (target < 500); {f['poll_failures']} failed polls."
+        )
 
     lines.append("")
     lines.append(
@@ -1404,8 +1560,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
     p.add_argument(
         "--only",
-        default="enqueue,e2e,sdk,latency",
-        help="comma-separated phases: enqueue, e2e, sdk, latency (default all)",
+        default="enqueue,e2e,sdk,latency,fleet",
+        help="comma-separated phases: enqueue, e2e, sdk, latency, fleet (default all)",
     )
     p.add_argument("--window", type=float, default=3.0, help="measured seconds per run")
     p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before")
@@ -1422,6 +1578,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sdk-producers", type=int, default=8, help="SDK producer threads")
     p.add_argument("--sdk-workers", type=int, default=2, help="SDK Worker processes")
     p.add_argument("--sdk-concurrency", type=int, default=8, help="each SDK Worker's")
+    p.add_argument("--fleet", type=int, default=1000, help="idle long-polling workers")
     p.add_argument("--latency-samples", type=int, default=200)
     p.add_argument("--latency-gap", type=float, default=0.02, help="idle seconds before each")
     p.add_argument("--profile", metavar="DIR", help="one extra py-spy-recorded run per phase")
@@ -1434,7 +1591,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
-    unknown = args.phases - {"enqueue", "e2e", "sdk", "latency"}
+    unknown = args.phases - {"enqueue", "e2e", "sdk", "latency", "fleet"}
     if unknown:
         p.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     if args.runs < 1:
@@ -1485,6 +1642,8 @@ def main(argv: list[str] | None = None) -> int:
             results["sdk"] = bench.phase_sdk(args.runs)
         if "latency" in args.phases:
             results["latency"] = bench.phase_latency(args.runs, profile)
+        if "fleet" in args.phases:
+            results["fleet"] = bench.phase_fleet()
     except Interrupted as exc:
         log(f"interrupted ({exc}); stopping")
         bench.stop()
