@@ -28,6 +28,8 @@ class _Conf:
     WATCHDOG_INTERVAL_SECONDS: float
     BUFFER_RECONCILE_SECONDS: float
     MAX_TICK_FAILURES: int
+    RETENTION_SECONDS: int
+    DLQ_RETENTION_SECONDS: int
     METRICS_TOKEN: str
 
     def __getattr__(self, name: str) -> Any:

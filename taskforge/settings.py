@@ -59,6 +59,9 @@ TASKFORGE_BUFFER_RECONCILE_SECONDS: float = env.float(
 )
 # 0: a loop never gives up on its own.
 TASKFORGE_MAX_TICK_FAILURES: int = env.int("TASKFORGE_MAX_TICK_FAILURES", default=0)
+# Finished tasks are deleted with their events this long after finishing (0: kept forever).
+TASKFORGE_RETENTION_SECONDS: int = env.int("TASKFORGE_RETENTION_SECONDS", default=604800)
+TASKFORGE_DLQ_RETENTION_SECONDS: int = env.int("TASKFORGE_DLQ_RETENTION_SECONDS", default=2592000)
 TASKFORGE_METRICS_TOKEN: str = env.str("TASKFORGE_METRICS_TOKEN", default="")
 
 INSTALLED_APPS = [

@@ -111,6 +111,12 @@ class Task(models.Model):
                 name="task_executing_hb_idx",
                 condition=Q(status="executing"),
             ),
+            # Used by the watchdog's retention (tasks.retention): finished tasks by age.
+            models.Index(
+                fields=["status", "finished_at"],
+                name="task_finished_idx",
+                condition=Q(status__in=["done", "cancelled", "dead"]),
+            ),
             # Used by the watchdog's buffer reconcile (claimed for too long).
             models.Index(
                 fields=["status_changed_at"],

@@ -7,6 +7,8 @@
   from Redis are put back, so a lost one is dispatchable again within that
   time.
 - Workers not seen for a day are forgotten (GET /workers shows the last hour).
+- Finished tasks past their retention are deleted (tasks.retention), with the
+  lease check.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ from django.utils import timezone
 
 from taskforge.conf import conf
 from taskforge.lib.loop import Loop
-from tasks import transitions
+from tasks import retention, transitions
 from tasks.models import Task
 from tasks.reconcile import rebuffer_missing
 from workers.models import Worker
 
 BATCH = 200
 FORGET_WORKERS_AFTER = timedelta(days=1)
+# Retention batches per round (tasks.retention.BATCH tasks each).
+RETENTION_BATCHES = 20
 
 
 class WatchdogLoop(Loop):
@@ -34,6 +38,7 @@ class WatchdogLoop(Loop):
     def __init__(self) -> None:
         super().__init__()
         self._next_lease_check = 0.0
+        self._retention_due = False
 
     @property
     def interval(self) -> float:
@@ -46,8 +51,18 @@ class WatchdogLoop(Loop):
             if not busy:
                 self._next_lease_check = time.monotonic() + conf.WATCHDOG_INTERVAL_SECONDS
                 self.forget_workers()
+                self._retention_due = True
+        if self._retention_due:
+            # A backlog of expired tasks is worked off a round per tick, between the rest.
+            self._retention_due = self.delete_expired()
+            busy = busy or self._retention_due
         self.reconcile()
         return busy
+
+    def delete_expired(self) -> bool:
+        """One round of retention (tasks.retention); True when there may be more."""
+        deleted = retention.delete_expired(max_batches=RETENTION_BATCHES)
+        return deleted >= RETENTION_BATCHES * retention.BATCH
 
     def expire_leases(self) -> bool:
         """Fail one batch of expired leases; True if the batch was full."""

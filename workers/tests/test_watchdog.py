@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import redis
@@ -72,3 +73,12 @@ def test_interval__reconciles_well_within_the_reconcile_delay(settings) -> None:
     settings.TASKFORGE_WATCHDOG_INTERVAL_SECONDS = 15
     settings.TASKFORGE_BUFFER_RECONCILE_SECONDS = 30
     assert WatchdogLoop().interval == 10
+
+
+def test_tick__deletes_finished_tasks_past_their_retention(settings: Any) -> None:
+    settings.TASKFORGE_RETENTION_SECONDS = 60
+    old, recent = TaskFactory(status=S.DONE), TaskFactory(status=S.DONE)
+    Task.objects.filter(pk=old.pk).update(finished_at=timezone.now() - timedelta(minutes=2))
+    WatchdogLoop().tick()
+    assert not Task.objects.filter(pk=old.pk).exists()
+    assert Task.objects.filter(pk=recent.pk).exists()
