@@ -1525,6 +1525,19 @@ def table(report: dict[str, Any]) -> str:
             ranked = sorted(((k, v) for k, v in per.items() if k != "total"), key=lambda i: -i[1])
             parts = ", ".join(f"{k} {v:.2f}" for k, v in ranked if v >= 0.005)
             lines.append(f"  {name:15} total {per['total']:.2f}: {parts}")
+    api = {name: res.get(name, {}).get("cpu_ms_per_task", {}).get("api") for name in res}
+    if api.get("enqueue_single") or api.get("e2e_single") or api.get("e2e_batched"):
+        # Issue 11's targets: <= 1.0 ms per single-path request, <= 0.12 ms per batched task.
+        per_request: list[str] = []
+        if api.get("enqueue_single"):
+            per_request.append(f"enqueue {api['enqueue_single']:.2f} ms")
+        if api.get("e2e_single"):
+            # Each task of the single path is three requests (enqueue, claim, ack).
+            per_request.append(f"single path {api['e2e_single'] / 3:.2f} ms (per task / 3)")
+        if api.get("e2e_batched"):
+            per_request.append(f"batched path {api['e2e_batched']:.3f} ms per task")
+        lines.append("")
+        lines.append("API CPU per request: " + "; ".join(per_request))
     breakdown = res.get("latency", {}).get("breakdown_ms")
     if breakdown:
         lines.append("")
