@@ -20,14 +20,53 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from taskforge_client.errors import ConnectionFailed, Invalid, ServerError, TaskForgeError
+from taskforge_client.errors import ConnectionFailed, Invalid, ServerError
 from taskforge_client.models import BatchResult, Task
 
 log = logging.getLogger("taskforge_client.batching")
+
+T = TypeVar("T")
+
+# How long an outcome (an ack, a nack) is retried through network trouble or 5xx answers.
+OUTAGE_SECONDS = 60.0
+
+
+class GaveUp(Exception):
+    """The caller stopped the retries (its `give_up` said so)."""
+
+
+def through_outages(
+    call: Callable[[], T],
+    *,
+    what: str,
+    give_up: Callable[[], bool] = lambda: False,
+    seconds: float = OUTAGE_SECONDS,
+) -> T:
+    """`call()`, repeated through network errors and 5xx answers for up to `seconds`.
+
+    Backoff 0.2 s doubling to 5 s, jittered.  Only for calls that repeat
+    safely.  Raises: the last ConnectionFailed/ServerError past the deadline;
+    any other TaskForgeError at once; GaveUp when `give_up()` turns true.
+    """
+    deadline = time.monotonic() + seconds
+    delay = 0.2
+    while True:
+        if give_up():
+            raise GaveUp()
+        try:
+            return call()
+        except (ConnectionFailed, ServerError) as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("%s failed (%s); retrying", what, exc)
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(5.0, delay * 2)
+
 
 _ITEM_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
 
@@ -182,21 +221,10 @@ class AckBatcher(_Coalescer):
         return answer
 
     def send(self, key: str, chunk: list[_Pending]) -> None:
-        # Acks repeat safely (the same attempt acked again is a success): retried
-        # through network trouble for up to a minute, as a single ack is.
-        deadline = time.monotonic() + 60.0
-        delay = 0.2
-        while True:
-            try:
-                results = self.client.ack_batch(self.worker_id, [p.item for p in chunk])
-                break
-            except (ConnectionFailed, ServerError) as exc:
-                if time.monotonic() > deadline:
-                    raise
-                log.warning("ack of %d tasks failed (%s); retrying", len(chunk), exc)
-                time.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(5.0, delay * 2)
-            except TaskForgeError:
-                raise
+        # Acks repeat safely (the same attempt acked again is a success).
+        results: list[BatchResult] = through_outages(
+            lambda: self.client.ack_batch(self.worker_id, [p.item for p in chunk]),
+            what=f"ack of {len(chunk)} tasks",
+        )
         for pending, result in zip(chunk, results, strict=True):
             pending.future.set_result(result)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from taskforge_client.batching import AckBatcher
+from taskforge_client.batching import AckBatcher, GaveUp, through_outages
 from taskforge_client.client import TaskForge
 from taskforge_client.errors import (
     ConnectionFailed,
@@ -274,29 +274,20 @@ class Worker:
             self._ack(run, result)
 
     def _report(self, run: _Running, what: str, call: Callable[[], Any]) -> bool:
-        """Send an ack or nack, retrying network errors for up to a minute."""
-        deadline = time.monotonic() + 60.0
-        delay = 0.2
-        while True:
-            if run.lost:
-                log.warning("task %s: lease given up; %s not sent", run.task.id, what)
-                return False
-            try:
-                call()
-                return True
-            except LeaseLost as exc:
-                log.warning("task %s: lease lost, %s dropped (%s)", run.task.id, what, exc.message)
-                return False
-            except (ConnectionFailed, ServerError) as exc:
-                if time.monotonic() > deadline:
-                    log.error("task %s: %s not delivered (%s); giving up", run.task.id, what, exc)
-                    return False
-                log.warning("task %s: %s failed (%s); retrying", run.task.id, what, exc)
-                time.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(5.0, delay * 2)
-            except TaskForgeError as exc:
-                log.error("task %s: %s refused: %s", run.task.id, what, exc)
-                return False
+        """Send a nack, retrying network errors for up to a minute (`through_outages`)."""
+        task_id = run.task.id
+        try:
+            through_outages(call, what=f"task {task_id}: {what}", give_up=lambda: run.lost)
+            return True
+        except GaveUp:
+            log.warning("task %s: lease given up; %s not sent", task_id, what)
+        except LeaseLost as exc:
+            log.warning("task %s: lease lost, %s dropped (%s)", task_id, what, exc.message)
+        except (ConnectionFailed, ServerError) as exc:
+            log.error("task %s: %s not delivered (%s); giving up", task_id, what, exc)
+        except TaskForgeError as exc:
+            log.error("task %s: %s refused: %s", task_id, what, exc)
+        return False
 
     def _ack(self, run: _Running, result: Any) -> None:
         """Ack through the batcher (retried through network trouble for a minute)."""
