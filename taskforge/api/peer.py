@@ -25,10 +25,18 @@ def disconnected(request: HttpRequest | Request) -> Callable[[], bool] | None:
         return None
 
     def check() -> bool:
+        # poll(), not select(): select() refuses a descriptor >= 1024, which a
+        # busy process reaches; read as "gone", every long poll would end after
+        # its first wait slice.
+        if sock.fileno() < 0:
+            return True  # closed on our side
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
         try:
-            readable, _, _ = select.select([sock], [], [], 0)
-            return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):  # reset, or closed on our side
+            if not poller.poll(0):
+                return False
+            return sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:  # reset
             return True
 
     return check
