@@ -33,7 +33,8 @@ class QueuePatchSerializer(StrictSerializer):
 
 
 class QueueCreateSerializer(QueuePatchSerializer):
-    name = StrictCharField(max_length=100)
+    # As sent: " a" or "abc\n" is not a queue name (API.md), so nothing is trimmed.
+    name = StrictCharField(max_length=100, trim_whitespace=False)
 
     def validate_name(self, value: str) -> str:
         if not is_queue_name(value):

@@ -53,6 +53,9 @@ def test_create__existing_name_is_409(admin_client: APIClient) -> None:
         {"name": ""},
         {"name": "-leading-dash"},
         {"name": "has space"},
+        # Regression for issue 14: names were trimmed before validation.
+        {"name": " a"},
+        {"name": "abc\n"},
         {"name": "x" * 101},
         {"name": "ok", "max_retries": 101},
         {"name": "ok", "max_retries": -1},
