@@ -138,6 +138,7 @@ class Worker:
         self.wait_seconds = max(0.0, min(30.0, wait_seconds))
         self.client = client or TaskForge(url, api_key, maxsize=concurrency + 2)
         self._stop = threading.Event()
+        self._signalled: int | None = None  # set by the signal handler, read by run()
         self._lock = threading.Lock()
         self._slots = threading.Condition(self._lock)
         self._running: dict[str, _Running] = {}
@@ -179,8 +180,12 @@ class Worker:
             self._spawn(self._execute_loop, f"taskforge-exec-{n}")
         self._spawn(self._heartbeat_loop, "taskforge-heartbeat")
         claimer = self._spawn(self._claim_loop, "taskforge-claim")
-        while not self._stop.wait(0.5):
-            pass
+        while not self._stop.is_set():
+            if self._signalled is not None:
+                log.info("worker %s got %s", self.worker_id, signal.Signals(self._signalled).name)
+                self.stop()
+                break
+            time.sleep(0.1)
         self._drain(claimer)
 
     # -- loops --
@@ -192,8 +197,10 @@ class Worker:
         return thread
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        log.info("worker %s got %s", self.worker_id, signal.Signals(signum).name)
-        self.stop()
+        # A flag only: the main thread acts on it within 0.1 s.  Event.set() or a
+        # log call here could wait for a lock the interrupted main thread holds
+        # (neither is reentrant), and the process would hang on SIGTERM.
+        self._signalled = signum
 
     def _claim_loop(self) -> None:
         failures = 0

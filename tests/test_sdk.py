@@ -635,3 +635,19 @@ def test_worker__acks_through_ack_batch(
     assert all(t.status == "done" for t in producer.list_tasks(name))
     assert _api_requests(service, "/workers/ack") == singles_before
     assert _api_requests(service, "/workers/ack/batch") > batches_before
+
+
+def test_worker__signal_handler_takes_no_lock(service: Service, keys: Keys) -> None:
+    """Regression for issue 14: the SIGTERM handler called Event.set() (and logged); run
+    in the main thread while that thread held the event's lock, it waited for it forever."""
+    worker = Worker(service.base_url, keys.worker, queues=["q"], handler=sdk_handlers.double)
+    returned = threading.Event()
+
+    def interrupted_inside_the_events_lock() -> None:
+        with worker._stop._cond:  # type: ignore[attr-defined]  # where Event.wait() waits
+            worker._on_signal(signal.SIGTERM, None)
+        returned.set()
+
+    threading.Thread(target=interrupted_inside_the_events_lock, daemon=True).start()
+    assert returned.wait(2), "the handler blocked on a lock"
+    worker.client.close()
