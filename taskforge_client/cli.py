@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any
 
-from taskforge_client.client import TaskForge
+from taskforge_client.client import TaskForge, key_in_argv_warning
 from taskforge_client.errors import TaskForgeError
 
 
@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    warning = key_in_argv_warning(argv)
+    # Only to a person: a script reads stderr as the error's JSON.
+    if warning and sys.stderr.isatty():
+        print(f"warning: {warning}", file=sys.stderr)
     if not args.url or not args.api_key:
         parser.error("--url and --api-key (or TASKFORGE_URL and TASKFORGE_API_KEY) are required")
     if args.command == "dlq" and args.dlq_command == "replay" and bool(args.all) == bool(args.ids):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -123,6 +124,7 @@ class TaskForge:
     ) -> None:
         if not url:
             raise ValueError("url is required")
+        _warn_if_plain_http(url)
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
@@ -524,6 +526,29 @@ class TaskForge:
         if retry_after_seconds is not None:
             body["retry_after_seconds"] = retry_after_seconds
         return Task.from_dict(self.request("POST", "/workers/nack", body, idempotent=False))
+
+
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
+def _warn_if_plain_http(url: str) -> None:
+    """The API key travels in every request: say so when it would cross a network in clear."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "http" and (parts.hostname or "") not in _LOCAL_HOSTS:
+        log.warning(
+            "TaskForge at %s over plain http: the API key is sent unencrypted; use https", url
+        )
+
+
+def key_in_argv_warning(argv: list[str] | None) -> str | None:
+    """A warning when the API key was given as `--api-key` on a command line."""
+    args = sys.argv[1:] if argv is None else argv
+    if any(arg == "--api-key" or arg.startswith("--api-key=") for arg in args):
+        return (
+            "--api-key on the command line is visible to every user of this machine (ps); "
+            "set TASKFORGE_API_KEY instead"
+        )
+    return None
 
 
 def _q(segment: str) -> str:

@@ -37,7 +37,7 @@ from types import FrameType
 from typing import Any
 
 from taskforge_client.batching import AckBatcher, GaveUp, through_outages
-from taskforge_client.client import TaskForge
+from taskforge_client.client import TaskForge, key_in_argv_warning
 from taskforge_client.errors import (
     ConnectionFailed,
     LeaseLost,
@@ -458,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s",
     )
+    warning = key_in_argv_warning(argv)
+    if warning:
+        log.warning(warning)
     if not args.url or not args.api_key:
         parser.error("--url and --api-key (or TASKFORGE_URL and TASKFORGE_API_KEY) are required")
     handler = load_handler(args.handler)

@@ -651,3 +651,27 @@ def test_worker__signal_handler_takes_no_lock(service: Service, keys: Keys) -> N
     threading.Thread(target=interrupted_inside_the_events_lock, daemon=True).start()
     assert returned.wait(2), "the handler blocked on a lock"
     worker.client.close()
+
+
+def test_client__warns_of_a_key_sent_in_clear_to_another_host(caplog: Any) -> None:
+    """Issue 14: nothing said that a plain http:// URL to a remote host sends the key in clear."""
+    with caplog.at_level("WARNING", logger="taskforge_client"):
+        TaskForge("http://127.0.0.1:1", "k").close()
+        TaskForge("https://queue.example", "k").close()
+    assert "plain http" not in caplog.text
+    with caplog.at_level("WARNING", logger="taskforge_client"):
+        TaskForge("http://queue.example:8080", "k").close()
+    assert "plain http" in caplog.text
+
+
+def test_cli__warns_of_a_key_on_the_command_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 14: --api-key shows in ps; the CLI tells the person at the terminal (a script's
+    stderr stays the error's JSON) and names the variable to use."""
+    argv = ["--url", "http://127.0.0.1:1", "--api-key", "secret", "queues"]
+    cli_main(argv)
+    assert "TASKFORGE_API_KEY" not in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    cli_main(argv)
+    assert "TASKFORGE_API_KEY" in capsys.readouterr().err
