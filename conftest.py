@@ -16,6 +16,7 @@ from rest_framework.test import APIClient
 
 from queues import lookup
 from taskforge.api.authentication import forget_cached_keys
+from taskforge.api.health import forget_readiness
 from taskforge.api.models import ApiKey
 
 os.environ.setdefault("SECRET_KEY", "test-secret-key")
@@ -26,9 +27,11 @@ def _fresh_caches() -> Iterator[None]:
     """Each test sees keys and queues as the database has them (no per-process memory)."""
     forget_cached_keys()
     lookup.clear()
+    forget_readiness()
     yield
     forget_cached_keys()
     lookup.clear()
+    forget_readiness()
 
 
 @pytest.fixture

@@ -1,20 +1,34 @@
-"""/healthz (the process serves) and /readyz (Postgres and Redis answer)."""
+"""/healthz (the process serves) and /readyz (Postgres and Redis answer).
+
+/readyz is public, so it says which check failed and never why (API.md
+v1.1): the reason (an error naming hosts, ports or roles) goes to the log,
+and into the answer only for a caller with an admin key.  Its checks run at
+most once a second per process, however often probes and strangers call.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import wraps
 
 import psycopg
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from rest_framework.exceptions import AuthenticationFailed
 
+from taskforge.api.authentication import ApiKeyAuthentication
 from taskforge.api.responses import error_response
+from taskforge.lib.ttlcache import TTLCache
+
+logger = logging.getLogger(__name__)
 
 READY_TIMEOUT_SECONDS = 2
+READY_CACHE_SECONDS = 1.0
+_ready_cache: TTLCache[dict[str, str]] = TTLCache(READY_CACHE_SECONDS)
 
 View = Callable[[HttpRequest], HttpResponse]
 
@@ -46,12 +60,35 @@ def healthz(request: HttpRequest) -> HttpResponse:
 
 @probe
 def readyz(request: HttpRequest) -> HttpResponse:
-    checks = {"postgres": _check_postgres(), "redis": _check_redis()}
-    ready = all(value == "ok" for value in checks.values())
+    reasons = _ready_cache.get("checks")
+    if reasons is None:
+        reasons = {"postgres": _check_postgres(), "redis": _check_redis()}
+        for name, reason in reasons.items():
+            if reason != "ok":
+                logger.warning("readyz.check_failed", extra={"check": name, "reason": reason})
+        _ready_cache.put("checks", reasons)
+    ready = all(reason == "ok" for reason in reasons.values())
+    detailed = not ready and _is_admin(request)
+    checks = {
+        name: reason if detailed or reason == "ok" else "failed" for name, reason in reasons.items()
+    }
     return JsonResponse(
         {"status": "ok" if ready else "unavailable", "checks": checks},
         status=200 if ready else 503,
     )
+
+
+def forget_readiness() -> None:
+    """Run the checks again at the next call (tests)."""
+    _ready_cache.clear()
+
+
+def _is_admin(request: HttpRequest) -> bool:
+    try:
+        found = ApiKeyAuthentication().authenticate(request)  # type: ignore[arg-type]
+    except (AuthenticationFailed, DatabaseError):  # unknown key, or no database to ask
+        return False
+    return found is not None and found[0].role == "admin"
 
 
 def _check_postgres() -> str:
