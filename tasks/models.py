@@ -50,6 +50,9 @@ class Task(models.Model):
     scheduled_at = models.DateTimeField()
     claimed_at = models.DateTimeField(null=True, blank=True)
     claimed_by = models.CharField(max_length=200, null=True, blank=True)
+    # The API key (ApiKey.pk) that claimed the task: with `claimed_by`, the lease
+    # holder (API.md v1.1).  Keys are revoked, never deleted, so no foreign key.
+    claimed_key_id = models.BigIntegerField(null=True, blank=True, editable=False)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     max_retries = models.PositiveSmallIntegerField()

@@ -28,7 +28,8 @@ class Statement:
 # Columns of tasks_task selected back into Task instances (transitions._run).
 TASK_COLUMNS = """
     t.id, t.queue_id, t.payload, t.status, t.priority, t.scheduled_at, t.claimed_at,
-    t.claimed_by, t.heartbeat_at, t.attempts, t.max_retries, t.last_error, t.result,
+    t.claimed_by, t.claimed_key_id, t.heartbeat_at, t.attempts, t.max_retries, t.last_error,
+    t.result,
     t.idempotency_key, t.created_at, t.updated_at, t.status_changed_at, t.finished_at
 """
 
@@ -106,7 +107,7 @@ ORDER BY priority, scheduled_at, id
 # longer `claimed` (cancelled, or handed out through a duplicate buffer
 # entry) are skipped: the status guard is the fence; so are ids of a queue
 # paused meanwhile (the claim puts those back).  Params: ids (uuid[]),
-# worker_id, now.
+# worker_id, key_id (the claiming API key's pk, or NULL), now.
 HAND_OUT = Statement(
     "hand_out",
     frozenset({("claimed", "executing")}),
@@ -123,6 +124,7 @@ WITH cur AS (
 ), moved AS (
     UPDATE tasks_task t
     SET status = 'executing', attempts = t.attempts + 1, claimed_by = %(worker_id)s,
+        claimed_key_id = %(key_id)s,
         claimed_at = %(now)s, heartbeat_at = %(now)s, updated_at = %(now)s,
         status_changed_at = %(now)s
     FROM cur
@@ -138,7 +140,9 @@ SELECT * FROM moved
 
 # -- ack --
 # executing -> done for the items of one worker, each guarded by holder and,
-# when given, attempt.  Params: worker_id, now, ids (uuid[]), attempts
+# when given, attempt, and by the claiming key when key_id is given (a task
+# claimed with no key recorded accepts any).  Params: worker_id, key_id, now,
+# ids (uuid[]), attempts
 # (int[], NULL for "any"), results (jsonb[] as text[]; NULL for none).
 ACK = Statement(
     "ack",
@@ -150,6 +154,8 @@ WITH items AS (
 ), cur AS (
     SELECT t.id, t.status_changed_at, i.result FROM tasks_task t JOIN items i ON i.id = t.id
     WHERE t.status = 'executing' AND t.claimed_by = %(worker_id)s
+      AND (%(key_id)s::bigint IS NULL OR t.claimed_key_id IS NULL
+           OR t.claimed_key_id = %(key_id)s::bigint)
       AND (i.attempt IS NULL OR t.attempts = i.attempt)
     ORDER BY t.id
     FOR NO KEY UPDATE OF t

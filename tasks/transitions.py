@@ -216,6 +216,7 @@ def hand_out(
     ids: Sequence[str],
     *,
     worker_id: str,
+    key_id: int | None = None,
     queues: dict[Any, Queue] | None = None,
     now: datetime | None = None,
 ) -> list[Task]:
@@ -224,13 +225,15 @@ def hand_out(
     The attempt counts up and the lease starts now.  Ids that are no longer
     `claimed` are skipped (the status guard is the fence against duplicates
     in the buffer), and so are ids of a paused queue.  Returns the handed-out
-    tasks in the order of `ids`.  Caller contract: autocommit or inside
-    `atomic()`; `queues` maps queue ids to queues (for names in log lines).
+    tasks in the order of `ids`.  The lease is held by `worker_id` with the
+    API key `key_id`.  Caller contract: autocommit or inside `atomic()`;
+    `queues` maps queue ids to queues (for names in log lines).
     """
     if not ids:
         return []
     now = now or timezone.now()
-    moved = _run(sql.HAND_OUT.text, {"ids": list(ids), "worker_id": worker_id, "now": now}, queues)
+    params = {"ids": list(ids), "worker_id": worker_id, "key_id": key_id, "now": now}
+    moved = _run(sql.HAND_OUT.text, params, queues)
     order = {str(task_id): index for index, task_id in enumerate(ids)}
     moved.sort(key=lambda task: order[str(task.pk)])
     _log_rows(moved, S.CLAIMED, event="handed_out", now=now, worker_id=worker_id)
@@ -242,12 +245,14 @@ def ack(
     items: Sequence[tuple[str, int | None, str | None]],
     *,
     worker_id: str,
+    key_id: int | None = None,
     queues: dict[Any, Queue] | None = None,
     now: datetime | None = None,
 ) -> list[Task]:
     """executing -> done for `(task_id, attempt or None, result JSON text or None)` items.
 
-    Each item is guarded by holder (`claimed_by == worker_id`) and attempt;
+    Each item is guarded by holder (`claimed_by == worker_id`, and the claiming
+    key when `key_id` is given) and attempt;
     items that fail the guard are skipped, and the caller tells why.  Returns
     the acked tasks (any order), in one statement.
     """
@@ -256,6 +261,7 @@ def ack(
     now = now or timezone.now()
     params = {
         "worker_id": worker_id,
+        "key_id": key_id,
         "now": now,
         "ids": [item[0] for item in items],
         "attempts": [item[1] for item in items],

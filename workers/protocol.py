@@ -8,8 +8,9 @@ a process that dies before the UPDATE is put back by the watchdog's
 reconcile.
 
 Every later call is fenced by the lease: the task must be `executing`, held
-by the calling `worker_id` and, when the caller names it, at the same
-`attempt`.  Anything else is `LeaseLost` and changes nothing.  Acks repeat
+by the calling `worker_id` with the API key that claimed it (`key_id`;
+None, for callers inside TaskForge, skips that part) and, when the caller
+names it, at the same `attempt`.  Anything else is `LeaseLost` and changes nothing.  Acks repeat
 safely: the same worker acking the same attempt again is answered as a
 success.
 """
@@ -25,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from queues import lookup
@@ -68,6 +70,7 @@ class ClaimRequest:
     queues: Sequence[str]
     max_tasks: int = 1
     wait_seconds: float = 0.0
+    key_id: int | None = None  # the claiming API key: with worker_id, the lease holder
 
 
 def resolve_queues(names: Sequence[str]) -> list[Queue]:
@@ -106,7 +109,7 @@ def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> l
     with waiters.interest(str(queue.id) for queue in queues) as wake:
         while True:
             wake.clear()
-            tasks, retry_in = _claim_once(request.worker_id, queues, paused, request.max_tasks)
+            tasks, retry_in = _claim_once(request, queues, paused)
             left = deadline - time.monotonic()
             if tasks or left <= 0:
                 return tasks
@@ -123,7 +126,7 @@ def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> l
 
 
 def _claim_once(
-    worker_id: str, queues: list[Queue], paused: set[Any], limit: int
+    request: ClaimRequest, queues: list[Queue], paused: set[Any]
 ) -> tuple[list[Task], float]:
     """One pass over the queues in order; returns the tasks and a rate-limit hint (s).
 
@@ -137,7 +140,7 @@ def _claim_once(
         if queue.id in paused:
             continue
         for _ in range(_POP_ROUNDS):
-            want = limit - len(handed)
+            want = request.max_tasks - len(handed)
             if want <= 0:
                 return handed, 0.0
             taken = buffer.take(queue.id, want, queue.rate_limit)
@@ -148,7 +151,11 @@ def _claim_once(
                 break
             try:
                 moved = transitions.hand_out(
-                    taken.ids, worker_id=worker_id, queues=by_id, now=timezone.now()
+                    taken.ids,
+                    worker_id=request.worker_id,
+                    key_id=request.key_id,
+                    queues=by_id,
+                    now=timezone.now(),
                 )
             except Exception:
                 # Postgres failed after the pop: put the ids back (they are
@@ -222,7 +229,7 @@ def lease_expires_at(heartbeat_at: datetime) -> datetime:
     return heartbeat_at + lease_timeout()
 
 
-def heartbeat(worker_id: str, items: Sequence[Item]) -> list[Outcome]:
+def heartbeat(worker_id: str, items: Sequence[Item], *, key_id: int | None = None) -> list[Outcome]:
     """Extend the leases of the items the worker holds, in one statement."""
     record_seen(worker_id)
     now = timezone.now()
@@ -231,6 +238,7 @@ def heartbeat(worker_id: str, items: Sequence[Item]) -> list[Outcome]:
             sql.HEARTBEAT,
             {
                 "worker_id": worker_id,
+                "key_id": key_id,
                 "now": now,
                 "ids": [item.task_id for item in items],
                 "attempts": [item.attempt for item in items],
@@ -246,7 +254,7 @@ def heartbeat(worker_id: str, items: Sequence[Item]) -> list[Outcome]:
     ]
 
 
-def ack(worker_id: str, items: Sequence[Item]) -> list[Outcome]:
+def ack(worker_id: str, items: Sequence[Item], *, key_id: int | None = None) -> list[Outcome]:
     """Mark the items done, in one statement; repeated acks answer as successes."""
     record_seen(worker_id)
     rows = [
@@ -258,14 +266,16 @@ def ack(worker_id: str, items: Sequence[Item]) -> list[Outcome]:
         for item in items
     ]
     # One statement: atomic on its own, no transaction to open.
-    acked = {str(task.pk): task for task in transitions.ack(rows, worker_id=worker_id)}
+    acked = {
+        str(task.pk): task for task in transitions.ack(rows, worker_id=worker_id, key_id=key_id)
+    }
     missing = [item for item in items if item.task_id not in acked]
     if missing:
         done = {
             str(task.pk): task
-            for task in Task.objects.select_related("queue").filter(
-                pk__in=[item.task_id for item in missing], status=S.DONE, claimed_by=worker_id
-            )
+            for task in Task.objects.select_related("queue")
+            .filter(pk__in=[item.task_id for item in missing], status=S.DONE, claimed_by=worker_id)
+            .filter(_held_with(key_id))
         }
         for item in missing:
             task = done.get(item.task_id)
@@ -286,6 +296,7 @@ def nack(
     error: str,
     retry: bool = True,
     retry_after_seconds: float | None = None,
+    key_id: int | None = None,
 ) -> Task:
     """Fail the attempt: retry with backoff (or the given delay), or dead.
 
@@ -298,12 +309,20 @@ def nack(
             Task.objects.select_for_update(no_key=True, of=("self",))
             .select_related("queue")
             .filter(pk=item.task_id, status=S.EXECUTING, claimed_by=worker_id)
+            .filter(_held_with(key_id))
             .first()
         )
         if task is None or item.attempt not in (None, task.attempts):
             raise LeaseLost()
         transitions.fail(task, error=error, retry=retry, retry_after_seconds=retry_after_seconds)
     return task
+
+
+def _held_with(key_id: int | None) -> Q:
+    """Tasks whose lease the key `key_id` may act on (None: any; no key recorded: any)."""
+    if key_id is None:
+        return Q()
+    return Q(claimed_key_id__isnull=True) | Q(claimed_key_id=key_id)
 
 
 # Process-local memory of when each worker was last recorded, so a busy

@@ -6,8 +6,9 @@ Named statements, run only by `workers.protocol`.
 from __future__ import annotations
 
 # -- heartbeat --
-# Extend the lease of tasks the worker holds.  Params: worker_id, now, ids
-# (uuid[]), attempts (int[], NULL for "any").
+# Extend the lease of tasks the worker holds (worker id and, when key_id is
+# given, the claiming key).  Params: worker_id, key_id, now, ids (uuid[]),
+# attempts (int[], NULL for "any").
 HEARTBEAT = """
 WITH items AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS i(id, attempt)
@@ -15,6 +16,8 @@ WITH items AS (
 UPDATE tasks_task t SET heartbeat_at = %(now)s
 FROM items i
 WHERE t.id = i.id AND t.status = 'executing' AND t.claimed_by = %(worker_id)s
+  AND (%(key_id)s::bigint IS NULL OR t.claimed_key_id IS NULL
+       OR t.claimed_key_id = %(key_id)s::bigint)
   AND (i.attempt IS NULL OR t.attempts = i.attempt)
 RETURNING t.id, t.heartbeat_at
 """

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from taskforge.api.models import ApiKey
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.peer import disconnected
 from taskforge.api.permissions import ADMIN, WORKER
@@ -41,6 +42,13 @@ def claimed_task(task: Task) -> dict[str, Any]:
     body = task_to_dict(task)
     body["lease_expires_at"] = isoformat(task.lease_expires_at)
     return body
+
+
+def _key_id(request: Request) -> int:
+    """The caller's API key: with the worker id, who holds a lease (API.md v1.1)."""
+    key = request.auth
+    assert isinstance(key, ApiKey)  # the worker role was checked: a key authenticated
+    return key.pk
 
 
 def _items(data: list[dict[str, Any]]) -> list[leases.Item]:
@@ -81,7 +89,10 @@ class ClaimView(APIView):
     def post(self, request: Request) -> Response:
         body = ClaimSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        tasks = claim(ClaimRequest(**body.validated_data), gone=disconnected(request))
+        tasks = claim(
+            ClaimRequest(**body.validated_data, key_id=_key_id(request)),
+            gone=disconnected(request),
+        )
         return Response({"tasks": [claimed_task(task) for task in tasks]})
 
 
@@ -98,7 +109,9 @@ class HeartbeatView(APIView):
         body = HeartbeatSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         worker_id = body.validated_data.pop("worker_id")
-        [outcome] = leases.heartbeat(worker_id, [leases.Item(**body.validated_data)])
+        [outcome] = leases.heartbeat(
+            worker_id, [leases.Item(**body.validated_data)], key_id=_key_id(request)
+        )
         if outcome.error is not None:
             raise outcome.error
         assert outcome.heartbeat_at is not None
@@ -126,7 +139,9 @@ class AckView(APIView):
         body = AckSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         worker_id = body.validated_data.pop("worker_id")
-        [outcome] = leases.ack(worker_id, [leases.Item(**body.validated_data)])
+        [outcome] = leases.ack(
+            worker_id, [leases.Item(**body.validated_data)], key_id=_key_id(request)
+        )
         if outcome.error is not None:
             raise outcome.error
         assert outcome.task is not None
@@ -156,6 +171,7 @@ class NackView(APIView):
             error=data["error"],
             retry=data["retry"],
             retry_after_seconds=data.get("retry_after_seconds"),
+            key_id=_key_id(request),
         )
         return Response(task_to_dict(task))
 
@@ -173,7 +189,9 @@ class HeartbeatBatchView(APIView):
         body = HeartbeatBatchSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         outcomes = leases.heartbeat(
-            body.validated_data["worker_id"], _items(body.validated_data["items"])
+            body.validated_data["worker_id"],
+            _items(body.validated_data["items"]),
+            key_id=_key_id(request),
         )
         return Response({"results": [_batch_result(o, lease=True) for o in outcomes]})
 
@@ -191,7 +209,9 @@ class AckBatchView(APIView):
         body = AckBatchSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         outcomes = leases.ack(
-            body.validated_data["worker_id"], _items(body.validated_data["items"])
+            body.validated_data["worker_id"],
+            _items(body.validated_data["items"]),
+            key_id=_key_id(request),
         )
         return Response({"results": [_batch_result(o, lease=False) for o in outcomes]})
 

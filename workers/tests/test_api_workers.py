@@ -341,3 +341,29 @@ def test_claim__queue_paused_after_the_claim_read_it_hands_out_nothing(
     taken = get_buffer().take(queue.id, 10, None)
     assert transitions.hand_out(taken.ids, worker_id="w", queues={queue.id: queue}) == []
     assert Task.objects.get(pk=task.pk).status == S.CLAIMED
+
+
+def test_lease__is_bound_to_the_claiming_key(make_client, queue) -> None:
+    """API.md v1.1 (issue 14): another worker key sending the same worker_id is not the
+    holder; its heartbeat, ack and nack answer 409 lease_lost and change nothing."""
+    TaskFactory(queue=queue)
+    dispatch()
+    holder, other = make_client("worker"), make_client("worker")
+    [task] = claim(holder)
+    item = {"worker_id": "w1", "task_id": task["id"], "attempt": task["attempts"]}
+    for path, body in [
+        ("heartbeat", item),
+        ("ack", {**item, "result": {"stolen": True}}),
+        ("nack", {**item, "error": "not mine"}),
+    ]:
+        response = post(other, path, body)
+        assert response.status_code == status.HTTP_409_CONFLICT, path
+        assert response.json()["error"]["code"] == "lease_lost"
+    for path in ("heartbeat/batch", "ack/batch"):
+        batch = {"worker_id": "w1", "items": [{"task_id": task["id"]}]}
+        [result] = post(other, path, batch).json()["results"]
+        assert result["error"]["code"] == "lease_lost", path
+    row = Task.objects.get(pk=task["id"])
+    assert (row.status, row.result, row.last_error) == (S.EXECUTING, None, None)
+    assert post(holder, "ack", {**item, "result": {"mine": True}}).status_code == 200
+    assert Task.objects.get(pk=task["id"]).result == {"mine": True}
