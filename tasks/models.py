@@ -17,12 +17,17 @@ from taskforge.lib.ids import uuid7
 from tasks import lifecycle
 from tasks.lifecycle import TaskStatus
 
-__all__ = ["Task", "TaskEvent", "TaskStatus", "lease_timeout"]
+__all__ = ["Task", "TaskEvent", "TaskStatus", "lease_ends_at", "lease_timeout"]
 
 
 def lease_timeout() -> timedelta:
     """How long a lease lasts after the claim or the last heartbeat."""
     return timedelta(seconds=conf.HEARTBEAT_TIMEOUT_SECONDS)
+
+
+def lease_ends_at(heartbeat_at: datetime) -> datetime:
+    """When a lease last extended at `heartbeat_at` runs out."""
+    return heartbeat_at + lease_timeout()
 
 
 class TaskQuerySet(models.QuerySet["Task"]):
@@ -146,7 +151,7 @@ class Task(models.Model):
         """When the current lease runs out; None unless the task is executing."""
         if self.status != TaskStatus.EXECUTING or self.heartbeat_at is None:
             return None
-        return self.heartbeat_at + lease_timeout()
+        return lease_ends_at(self.heartbeat_at)
 
     @property
     def is_cancellable(self) -> bool:

@@ -15,6 +15,13 @@ from dataclasses import dataclass
 from queues.notify import DISPATCH_CHANNEL
 from tasks.lifecycle import Edge
 
+# The lease holder is worker_id *and* the claiming key (API.md v1.1): a guard
+# fragment for the statements that act on a held lease (alias t, param key_id;
+# a NULL key_id, TaskForge's own callers, and a task claimed with no key
+# recorded, are not checked).
+HELD_BY_KEY = """(%(key_id)s::bigint IS NULL OR t.claimed_key_id IS NULL
+           OR t.claimed_key_id = %(key_id)s::bigint)"""
+
 
 @dataclass(frozen=True, slots=True)
 class Statement:
@@ -154,8 +161,7 @@ WITH items AS (
 ), cur AS (
     SELECT t.id, t.status_changed_at, i.result FROM tasks_task t JOIN items i ON i.id = t.id
     WHERE t.status = 'executing' AND t.claimed_by = %(worker_id)s
-      AND (%(key_id)s::bigint IS NULL OR t.claimed_key_id IS NULL
-           OR t.claimed_key_id = %(key_id)s::bigint)
+      AND {HELD_BY_KEY}
       AND (i.attempt IS NULL OR t.attempts = i.attempt)
     ORDER BY t.id
     FOR NO KEY UPDATE OF t

@@ -35,7 +35,7 @@ from queues.models import Queue
 from taskforge.lib import jsonutil
 from tasks import transitions
 from tasks.buffer import get_buffer, score
-from tasks.models import Task, TaskStatus, lease_timeout
+from tasks.models import Task, TaskStatus, lease_ends_at
 from tasks.wakeup import waiters
 from workers import heartbeats, sql
 from workers.exceptions import LeaseLost
@@ -224,9 +224,7 @@ class Outcome:
     error: LeaseLost | None = None
 
 
-def lease_expires_at(heartbeat_at: datetime) -> datetime:
-    """When a lease last extended at `heartbeat_at` runs out."""
-    return heartbeat_at + lease_timeout()
+lease_expires_at = lease_ends_at  # the answer's `lease_expires_at` (API.md)
 
 
 def heartbeat(worker_id: str, items: Sequence[Item], *, key_id: int | None = None) -> list[Outcome]:
@@ -319,7 +317,10 @@ def nack(
 
 
 def _held_with(key_id: int | None) -> Q:
-    """Tasks whose lease the key `key_id` may act on (None: any; no key recorded: any)."""
+    """Tasks whose lease the key `key_id` may act on (None: any; no key recorded: any).
+
+    The ORM form of `tasks.sql.HELD_BY_KEY`, for the calls that lock the row in Python.
+    """
     if key_id is None:
         return Q()
     return Q(claimed_key_id__isnull=True) | Q(claimed_key_id=key_id)

@@ -5,19 +5,20 @@ Named statements, run only by `workers.protocol`.
 
 from __future__ import annotations
 
+from tasks.sql import HELD_BY_KEY
+
 # -- heartbeat --
 # Extend the lease of tasks the worker holds (worker id and, when key_id is
 # given, the claiming key).  Params: worker_id, key_id, now, ids (uuid[]),
 # attempts (int[], NULL for "any").
-HEARTBEAT = """
+HEARTBEAT = f"""
 WITH items AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS i(id, attempt)
 )
 UPDATE tasks_task t SET heartbeat_at = %(now)s
 FROM items i
 WHERE t.id = i.id AND t.status = 'executing' AND t.claimed_by = %(worker_id)s
-  AND (%(key_id)s::bigint IS NULL OR t.claimed_key_id IS NULL
-       OR t.claimed_key_id = %(key_id)s::bigint)
+  AND {HELD_BY_KEY}
   AND (i.attempt IS NULL OR t.attempts = i.attempt)
 RETURNING t.id, t.heartbeat_at
 """
