@@ -18,7 +18,8 @@ Each figure is measured over several runs (median, min, max); the CPU each compo
 during the measured windows is reported too, to show what bounds the figure.
 
 Servers: Postgres and Redis come from DATABASE_URL and REDIS_URL (`make bench` starts throwaway
-embedded ones when those are unset).  The database `taskforge_bench` on DATABASE_URL's server is
+embedded ones when those are unset).  The database `taskforge_bench` (or $TASKFORGE_BENCH_DB) on
+DATABASE_URL's server is
 dropped and created afresh (and dropped again at the end unless --keep-db); Redis is used in the
 db of REDIS_URL, and only the benchmark queues' keys are deleted afterwards.
 
@@ -55,7 +56,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = "taskforge_bench"
+# Its own database name, so two benchmarks on one server do not drop each other's.
+BENCH_DB = os.environ.get("TASKFORGE_BENCH_DB", "taskforge_bench")
 WEB_WORKERS = 2
 LOOPS = ("dispatcher", "scheduler", "watchdog")
 
