@@ -1,11 +1,14 @@
-"""gunicorn settings for the TaskForge API (`python manage.py run_api` reads them).
+"""gunicorn settings for the TaskForge API: `gunicorn taskforge.wsgi -c gunicorn.conf.py`.
+
+API.md v1's way to serve the API, kept as an alternative to `manage.py run_api`
+(granian: see taskforge.api.server and docs/operations.md, "Serving model").
 
 Long polls (`POST /workers/claim` with `wait_seconds` up to 30) hold a
 request open while waiting; threaded workers (gthread) let one process hold
 many of them while other requests go on.  Each process starts one Redis
 subscriber thread that wakes its waiting polls.
 
-Stopping drains: a worker told to stop (SIGTERM, or SIGINT under run_api)
+Stopping drains: a worker told to stop (SIGTERM)
 ends its waiting long polls within a second (they answer empty), lets the
 requests in flight finish, and exits; `graceful_timeout` bounds it.
 """

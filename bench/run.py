@@ -638,7 +638,7 @@ def _pdeathsig() -> None:
 
 
 class Service:
-    """The API (gunicorn) and the three loops, as real processes of our own."""
+    """The API (run_api) and the three loops, as real processes of our own."""
 
     def __init__(self, env: dict[str, str], logdir: Path) -> None:
         self.env = env
@@ -666,7 +666,7 @@ class Service:
                 )
 
     def pids(self) -> dict[str, list[int]]:
-        """Component -> pids: api (gunicorn workers), each loop."""
+        """Component -> pids: api (the server's worker processes), each loop."""
         found: dict[str, list[int]] = {}
         for name, proc in self.procs.items():
             found[name] = [proc.pid]
@@ -943,7 +943,7 @@ class Bench:
             "postgres": pg_settings(self.libpq_url),
             "redis_db_url": _redact(redis_url),
             "web_workers": WEB_WORKERS,
-            "web_threads": int(env.get("TASKFORGE_WEB_THREADS", 32)),
+            "web_threads": int(env.get("TASKFORGE_WEB_THREADS", 1024)),
             "database_pool_max": int(env.get("DATABASE_POOL_MAX", 16)),
             "log_level": env.get("LOG_LEVEL", "INFO"),
             "cpus": os.cpu_count(),
@@ -1557,7 +1557,7 @@ def table(report: dict[str, Any]) -> str:
     env = report["environment"]
     pg = env.get("postgres", {})
     lines.append(
-        f"Setup: gunicorn {env.get('web_workers')} workers x {env.get('web_threads')} threads, "
+        f"Setup: run_api {env.get('web_workers')} processes x {env.get('web_threads')} threads, "
         f"3 loops; Postgres {pg.get('server_version')} (fsync {pg.get('fsync')}, "
         f"synchronous_commit {pg.get('synchronous_commit')}); {env.get('cpus')} CPUs, "
         f"load average at start {env.get('loadavg_at_start')}; commit {env.get('git')}."

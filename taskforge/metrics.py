@@ -190,13 +190,18 @@ def _inc_by_queue(children: _Children, lines: Sequence[Mapping[str, Any]]) -> No
         children[queue].inc(count)
 
 
-def child_exit(server: Any, worker: Any) -> None:
-    """gunicorn hook: drop the live-gauge files of a worker that exited.
+def process_exited(pid: int) -> None:
+    """Drop the live-gauge files of a server process that exited.
 
     Counter and histogram files stay: their counts are part of the totals.
     """
     if MULTIPROC_DIR:
-        multiprocess.mark_process_dead(process_identifier(worker.pid), MULTIPROC_DIR)
+        multiprocess.mark_process_dead(process_identifier(pid), MULTIPROC_DIR)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook (gunicorn.conf.py): a worker exited."""
+    process_exited(worker.pid)
 
 
 def counted_collector() -> Collector:

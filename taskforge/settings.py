@@ -135,6 +135,8 @@ else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 REDIS_URL = env("REDIS_URL")
+# Connections per process to REDIS_URL for the dispatch buffer (tasks.buffer).
+REDIS_POOL_MAX = env.int("REDIS_POOL_MAX", default=64)
 # Django's cache, in REDIS_URL's db, holds what the API processes share (the
 # dashboard's queue snapshot).  Its keys read `taskforge:<version>:<key>`, apart
 # from the dispatch buffer's `tf:*`.  A cache is an optimisation: when Redis

@@ -207,18 +207,27 @@ _client_lock = threading.Lock()
 
 
 def get_client() -> redis.Redis:
-    """This process's Redis client (one connection pool, rebuilt after fork)."""
+    """This process's Redis client (one connection pool, rebuilt after fork).
+
+    The pool holds up to REDIS_POOL_MAX connections; a thread that finds them
+    all in use waits for one (up to 5 s, then the request answers 503) rather
+    than failing at once: a burst of hundreds of claims in one API process
+    is normal, and each holds a connection for a round trip or two.
+    """
     global _client, _pid
     if _client is None or _pid != os.getpid():
         with _client_lock:
             if _client is None or _pid != os.getpid():
-                _client = redis.Redis.from_url(
+                pool = redis.BlockingConnectionPool.from_url(
                     settings.REDIS_URL,
+                    max_connections=settings.REDIS_POOL_MAX,
+                    timeout=5,
                     socket_connect_timeout=2,
                     socket_timeout=5,
                     health_check_interval=30,
                     retry_on_timeout=False,
                 )
+                _client = redis.Redis(connection_pool=pool)
                 _pid = os.getpid()
     return _client
 

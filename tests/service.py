@@ -45,7 +45,6 @@ FAST_KNOBS: dict[str, str] = {
     "TASKFORGE_RETRY_MAX_DELAY_MS": "500",
     "TASKFORGE_BUFFER_SIZE": "200",
     "TASKFORGE_WEB_WORKERS": "2",
-    "TASKFORGE_WEB_THREADS": "32",
     # Two API processes and three loops share one Postgres with other test runs.
     "DATABASE_POOL_MAX": "8",
     "LOG_LEVEL": "INFO",

@@ -32,7 +32,7 @@ from django.utils import timezone
 from queues import lookup
 from queues.exceptions import UnknownQueue
 from queues.models import Queue
-from taskforge.lib import jsonutil
+from taskforge.lib import jsonutil, stopping
 from tasks import transitions
 from tasks.buffer import get_buffer, score
 from tasks.models import Task, TaskStatus, lease_ends_at
@@ -46,18 +46,14 @@ logger = logging.getLogger(__name__)
 # (and so notices a server that is stopping within this).
 MAX_WAIT_SLICE = 1.0
 
-# Set when this server process stops: waiting claims answer what they have
-# (nothing) instead of holding the shutdown for up to `wait_seconds`.
-_draining = False
-
 
 def stop_waiting() -> None:
     """End every waiting claim of this process within MAX_WAIT_SLICE.
 
-    Safe to call from a signal handler: it only sets a flag.
+    Safe to call from a signal handler: it only sets a flag
+    (taskforge.lib.stopping).
     """
-    global _draining
-    _draining = True
+    stopping.stop()
 
 
 # Pops per queue per attempt: ids of cancelled tasks make a pop come up short.
@@ -116,7 +112,7 @@ def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> l
             pause = min(left, MAX_WAIT_SLICE, retry_in if retry_in else MAX_WAIT_SLICE)
             _release_connection()
             wake.wait(pause)
-            if (gone is not None and gone()) or _draining:
+            if (gone is not None and gone()) or stopping.stopping():
                 return []
             # A pause is enforced by the hand-out itself; re-read only to see
             # a paused queue resume.

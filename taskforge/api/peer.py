@@ -13,13 +13,18 @@ from rest_framework.request import Request
 def disconnected(request: HttpRequest | Request) -> Callable[[], bool] | None:
     """A check that says True once the client has closed its connection.
 
-    None where the server does not expose the socket (gunicorn does, as
-    `gunicorn.socket`; the test client does not).  A client that closed
-    its end makes the socket readable with nothing to read; one still
-    waiting for its answer sends nothing, so the socket is not readable.
+    Under `run_api` the server tells (taskforge.api.bridge puts the check in
+    the environ as `taskforge.disconnected`).  Under gunicorn the socket is
+    read (`gunicorn.socket`).  None where neither is there (the test client).
+    On gunicorn's socket, a client that closed its end makes the socket
+    readable with nothing to read; one still waiting for its answer sends
+    nothing, so the socket is not readable.
     Behind a proxy that keeps its upstream connection open, it never says
     True: the check is best effort.
     """
+    told = request.META.get("taskforge.disconnected")
+    if callable(told):
+        return told  # type: ignore[no-any-return]
     sock = request.META.get("gunicorn.socket")
     if not isinstance(sock, socket.socket):
         return None
