@@ -39,11 +39,9 @@ $(STAMP): pyproject.toml
 
 # Migrate, create an admin API key the first time (.taskforge/admin_api_key), then run the
 # Procfile under honcho. Honcho answers Ctrl-C with exit code 130: that is a normal stop.
-# Counters and histograms of every process (API workers and loops) meet in one directory,
-# emptied at each start; /metrics sums them.
+# /metrics sums the counters of every process (taskforge/metrics.py: no setting needed).
 run: $(STAMP)
-	rm -rf $(DATA)/prometheus && mkdir -p $(DATA)/prometheus
-	PROMETHEUS_MULTIPROC_DIR=$(abspath $(DATA))/prometheus $(DEVSERVICES) run --data $(DATA) --setup -- honcho start || [ $$? -eq 130 ]
+	$(DEVSERVICES) run --data $(DATA) --setup -- honcho start || [ $$? -eq 130 ]
 
 # The dashboard's browser tests drive Debian's Chromium. Install it when we can (root with
 # apt-get); otherwise those tests skip and say why.

@@ -8,38 +8,41 @@ reads them from Postgres (`dashboard.metrics.DatabaseGauges`).
 
 Across processes (prometheus_client's multiprocess mode)
 ---------------------------------------------------------
-With `PROMETHEUS_MULTIPROC_DIR` set, every process writes its counters to its
-own mmap file in that directory and a scrape of `/metrics`, in any gunicorn
-worker, sums all the files: those of every API worker and every loop, live or
-dead (so a total does not drop when gunicorn recycles a worker).
-django-prometheus's request metrics are plain counters and histograms, so they
-are summed the same way.
+Every process writes its counters to its own mmap file in one directory per
+host and deployment, and a scrape of `/metrics`, in any API process, sums all
+the files: those of every API process and every loop, live or dead (so a
+total does not drop when a server process is recycled).  django-prometheus's
+request metrics are plain counters and histograms, summed the same way.
 
-- Every process of a deployment (API and loops) gets the same directory, on a
-  local disk or tmpfs of one host.  A temporary directory made at process
-  start would not do: each process would count alone.
-- The directory holds one file per process that ever ran.  Empty it only while
-  no process runs (before starting the API and the loops); emptying it under
-  running processes loses their counts until they restart.
+- The directory needs no setting: by default it is
+  `<tmp>/taskforge-metrics-<uid>-<digest>`, the digest naming the deployment
+  (its Postgres database and Redis db), so every process of a deployment on a
+  host meets there and two deployments on one host do not mix.
+  `PROMETHEUS_MULTIPROC_DIR` names another (containers of one host share a
+  volume: docker-compose.yml); set but empty, each process counts alone in
+  memory (tests, one-process tools).
+- Each process holds a shared lock on `<dir>/.lock` while it lives.  The first
+  process to start when none holds it (a fresh start: everything was stopped)
+  empties the directory first, so totals restart from zero with the service
+  and the directory does not grow across restarts.  Counts of processes that
+  ended during a run stay in the totals.
 - Files are named by host and pid (`counter_<host>-<pid>.db`), not by pid
   alone, so containers that share the directory through a volume (each with
   its own pid 1) never write to the same file.
-- gunicorn's `child_exit` hook should call `child_exit()` below.
-
-Without `PROMETHEUS_MULTIPROC_DIR` each process counts in its own memory (the
-default registry).  That is right for one process (tests, `runserver`,
-`gunicorn -w 1`), but with several API workers each scrape shows only the
-worker that answered it, and counts made by the loops never show: deployments
-set the variable.
+- A server process that exits drops its live gauges (`process_exited`).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
+import hashlib
 import logging
 import os
 import re
 import socket
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -72,19 +75,58 @@ def process_identifier(pid: int | None = None) -> str:
     return _named[1]
 
 
-MULTIPROC_DIR: str | None = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+def default_directory() -> str:
+    """This deployment's metrics directory on this host (no setting needed).
 
+    Read from the environment, not Django's settings: gunicorn's master
+    imports this module before Django is set up.
+    """
+    env = os.environ
+    database = env.get("DATABASE_URL") or env.get("DATABASE_URL_FILE", "")
+    redis_url = env.get("REDIS_URL") or env.get("REDIS_URL_FILE", "")
+    digest = hashlib.sha256(f"{database}\0{redis_url}".encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), f"taskforge-metrics-{os.getuid()}-{digest}")
+
+
+def join_directory(directory: str) -> int:
+    """Create `directory` if need be and take a shared lock on it.
+
+    The first process of a fresh start (no process holds the lock) empties it.
+    Returns the descriptor that holds the lock: kept open for the process's
+    life (forked children share the lock with their parent).
+    """
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass  # others are running: their counts stay
+    else:
+        for name in os.listdir(directory):
+            if name.endswith(".db"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(directory, name))
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+_setting = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+MULTIPROC_DIR: str | None = _setting or (None if _setting == "" else default_directory())
+
+_lock_fd: int | None = None
 if MULTIPROC_DIR:
-    # A fixed path, so creating it is safe from any number of processes.
-    os.makedirs(MULTIPROC_DIR, exist_ok=True)
+    _lock_fd = join_directory(MULTIPROC_DIR)
+    # prometheus_client reads the variable when it opens a file; child
+    # processes (server workers) inherit it.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = MULTIPROC_DIR
     # Must happen before any metric value exists in this process:
     # taskforge.api's AppConfig.ready() imports this module, which runs before
     # Django builds its middleware (django-prometheus's metrics) and before
     # any transition.
     internals.count_in_files(process_identifier)
-elif "PROMETHEUS_MULTIPROC_DIR" in os.environ:
-    # Set but empty: prometheus_client would write files into the working
-    # directory; count in memory instead.
+else:
+    # Set but empty: count in memory (prometheus_client would write files
+    # into the working directory).
     internals.count_in_memory()
 
 # --- counted metrics -------------------------------------------------------------

@@ -570,9 +570,104 @@ def test_metrics__summed_across_gunicorn_workers_and_loop_processes(
     assert value(samples, "taskforge_queue_depth", queue="mp-doomed", status="executing") == 0
 
     # Files: one set per process that counted, named by host and pid.
-    files = [path.name for path in Path(process_env["PROMETHEUS_MULTIPROC_DIR"]).iterdir()]
+    directory = Path(process_env["PROMETHEUS_MULTIPROC_DIR"])
+    files = [path.name for path in directory.iterdir() if path.name != ".lock"]
+    assert (directory / ".lock").exists()  # held by every process while it runs
     matches = [FILE_NAME.match(name) for name in files]
     assert all(matches), files
     counter_pids = {int(m.group(3)) for m in matches if m and m.group(1) == "counter"}
     assert pids | ack_pids <= counter_pids
     assert watchdog_pid in counter_pids
+
+
+# --- the per-host directory, with no setting (API.md v1.1) -------------------------
+
+
+def test_directory__a_fresh_start_empties_it_a_running_process_keeps_it(tmp_path: Path) -> None:
+    """The first process when none holds the lock clears the last run's files; a
+    process joining a running deployment leaves the others' counts alone."""
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    (directory / "counter_old-1.db").write_bytes(b"last run")
+    probe = (
+        "import sys, time; from taskforge import metrics;"
+        "metrics.join_directory(sys.argv[1]); print('joined', flush=True); time.sleep(30)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env["PROMETHEUS_MULTIPROC_DIR"] = ""  # the probe itself counts in memory
+    env["DJANGO_SETTINGS_MODULE"] = "taskforge.settings"
+    first = subprocess.Popen(
+        [sys.executable, "-c", "import django; django.setup();" + probe, str(directory)],
+        cwd=BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "joined"
+        assert not (directory / "counter_old-1.db").exists()  # a fresh start
+        (directory / "counter_live-2.db").write_bytes(b"a running process's counts")
+        os.close(metrics.join_directory(str(directory)))  # another process joins meanwhile
+        assert (directory / "counter_live-2.db").exists()
+    finally:
+        first.kill()
+        first.wait(timeout=10)
+        if first.stdout is not None:
+            first.stdout.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_metrics__summed_across_run_api_processes_and_loops_with_no_setting(
+    tmp_path: Path, transactional_db: None
+) -> None:
+    """Started as API.md says (run_api and the loops, no metrics setting at all): every
+    scrape, whichever process answers it, shows the counts of all of them."""
+    from tests.service import Api, Service
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROMETHEUS")}
+    env.update(
+        DATABASE_URL=database_url(connection.settings_dict),
+        REDIS_URL=settings.REDIS_URL,
+        SECRET_KEY="no-setting-metrics",
+        TMPDIR=str(tmp_path),  # where the per-host directory goes
+    )
+    svc = Service(tmp_path, env)
+    svc.env = {k: v for k, v in svc.env.items() if not k.startswith("PROMETHEUS")}
+    queue = f"ns-{uuid.uuid4().hex[:8]}"
+    Queue.objects.create(name=queue, max_retries=0)
+    _, key = ApiKey.issue(name="no-setting", role="admin")
+    try:
+        svc.start()
+        api = Api(svc.base_url, key)
+        for n in range(6):
+            api.ok("POST", f"/queues/{queue}/tasks", {"payload": {"n": n}})
+        # One lease left to expire: the watchdog (another process) dead-letters it.
+        deadline = time.monotonic() + 20
+        claimed: list[Any] = []
+        while not claimed and time.monotonic() < deadline:
+            claimed = api.ok("POST", "/workers/claim", {"worker_id": "w", "queues": [queue]})[
+                "tasks"
+            ]
+        assert claimed
+        scrapes: list[tuple[float | None, float | None]] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status_code, text = api.call("GET", "/metrics")
+            assert status_code == 200
+            samples = parse(text)
+            scrapes.append(
+                (
+                    value(samples, "taskforge_tasks_enqueued_total", queue=queue),
+                    value(samples, "taskforge_tasks_completed_total", queue=queue, status="dead"),
+                )
+            )
+            if scrapes[-1] == (6, 1) and len(scrapes) >= 6:
+                break
+            time.sleep(0.3)
+        assert scrapes[-1] == (6, 1), scrapes
+        assert all(enqueued == 6 for enqueued, _ in scrapes[-6:]), scrapes  # any process
+        directories = list(tmp_path.glob("taskforge-metrics-*"))
+        assert len(directories) == 1, directories
+    finally:
+        svc.stop()

@@ -266,7 +266,7 @@ class DjangoBridge:
         """
 
         async def start() -> _Transport:
-            return protocol.response_stream(stream.status, stream.headers)
+            return protocol.response_stream(stream.code, stream.headers)
 
         try:
             transport = asyncio.run_coroutine_threadsafe(start(), loop).result()
@@ -282,10 +282,10 @@ class DjangoBridge:
 
 
 class _Stream:
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "code", "headers")
 
-    def __init__(self, status: int, headers: list[tuple[str, str]], body: Iterable[bytes]) -> None:
-        self.status = status
+    def __init__(self, code: int, headers: list[tuple[str, str]], body: Iterable[bytes]) -> None:
+        self.code = code
         self.headers = headers
         self.body = body
 
