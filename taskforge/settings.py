@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_prometheus",
     "taskforge.api",
+    "taskforge.audit",
     "queues",
     "tasks",
     "workers",

@@ -16,6 +16,7 @@ from django.utils.html import format_html
 from dashboard.admin.base import LargeTableAdmin, ReadOnlyAdminMixin
 from dlq import services
 from dlq.models import DeadLetterQuerySet, DeadLetterTask
+from taskforge.audit.log import of_request
 
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices
@@ -96,13 +97,13 @@ class DeadLetterTaskAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
 
     @admin.action(description="Replay selected tasks")
     def replay(self, request: HttpRequest, queryset: QuerySet[DeadLetterTask]) -> None:
-        replayed = services.replay_selected(_ids(queryset))
+        replayed = services.replay_selected(_ids(queryset), actor=of_request(request))
         self.message_user(request, f"Replayed {replayed} task(s).", messages.SUCCESS)
 
     @admin.action(description="Discard selected tasks for good")
     def discard(self, request: HttpRequest, queryset: QuerySet[DeadLetterTask]) -> None:
         # Tasks replayed meanwhile are not dead any more: skipped.
-        discarded = services.discard_selected(_ids(queryset))
+        discarded = services.discard_selected(_ids(queryset), actor=of_request(request))
         self.message_user(request, f"Discarded {discarded} task(s).", messages.SUCCESS)
 
 

@@ -15,7 +15,9 @@ from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from taskforge.api import keys
 from taskforge.api.models import ApiKey
+from taskforge.audit.log import of_request
 
 # The request attribute that carries a new key from save_model to response_add.
 _ISSUED_KEY = "_taskforge_issued_key"
@@ -43,7 +45,7 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     ) -> None:
         if change:
             return  # every field is read-only once the key exists
-        issued, key = ApiKey.issue(name=obj.name, role=obj.role)
+        issued, key = keys.issue(name=obj.name, role=obj.role, actor=of_request(request))
         obj.pk, obj.key_hash, obj.created_at = issued.pk, issued.key_hash, issued.created_at
         obj._state.adding = False
         setattr(request, _ISSUED_KEY, key)
@@ -68,5 +70,5 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        revoked = queryset.filter(revoked=False).update(revoked=True)
+        revoked = keys.revoke(queryset, actor=of_request(request))
         self.message_user(request, f"Revoked {revoked} key(s).", messages.SUCCESS)

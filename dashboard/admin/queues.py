@@ -16,6 +16,7 @@ from django.utils.html import format_html
 
 from queues import services
 from queues.models import Queue
+from taskforge.audit.log import of_request
 from tasks import services as task_services
 
 # The admin's "View site" link leads to the operator dashboard.
@@ -54,23 +55,23 @@ class QueueAdmin(admin.ModelAdmin[Queue]):
     ) -> None:
         fields = {name: form.cleaned_data[name] for name in form.changed_data if name != "name"}
         if change:
-            services.update_queue(obj, **fields)
+            services.update_queue(obj, **fields, actor=of_request(request))
             return
         # The form's unique check has refused a taken name already.
-        created = services.create_queue(obj.name, **fields)
+        created = services.create_queue(obj.name, **fields, actor=of_request(request))
         obj.pk, obj.created_at = created.pk, created.created_at
         obj._state.adding = False
 
     @admin.action(description="Pause selected queues")
     def pause(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         for queue in queryset:
-            services.update_queue(queue, paused=True)
+            services.set_paused(queue, paused=True, actor=of_request(request))
         self.message_user(request, f"Paused {len(queryset)} queue(s).", messages.SUCCESS)
 
     @admin.action(description="Resume selected queues")
     def resume(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         for queue in queryset:
-            services.update_queue(queue, paused=False)
+            services.set_paused(queue, paused=False, actor=of_request(request))
         self.message_user(request, f"Resumed {len(queryset)} queue(s).", messages.SUCCESS)
 
     @admin.action(description="Purge selected queues (cancel every task not started)…")
@@ -88,7 +89,8 @@ class QueueAdmin(admin.ModelAdmin[Queue]):
                     "action_checkbox_name": ACTION_CHECKBOX_NAME,
                 },
             )
-        cancelled = sum(task_services.purge_queue(queue) for queue in queues)
+        actor = of_request(request)
+        cancelled = sum(task_services.purge_queue(queue, actor=actor) for queue in queues)
         self.message_user(
             request,
             f"Purged {len(queues)} queue(s): {cancelled:,} tasks cancelled.",

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from dashboard.admin.base import LargeTableAdmin, ReadOnlyAdminMixin
+from taskforge.audit.log import of_request
 from tasks import services
 from tasks.models import Task, TaskEvent
 
@@ -98,7 +99,7 @@ class TaskAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
     @admin.action(description="Cancel selected tasks (pending, claimed or retry)")
     def cancel(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
         ids = list(queryset.values_list("pk", flat=True))
-        cancelled = services.cancel_many(ids)
+        cancelled = services.cancel_many(ids, actor=of_request(request))
         skipped = len(ids) - cancelled
         self.message_user(request, f"Cancelled {cancelled} task(s).", messages.SUCCESS)
         if skipped:

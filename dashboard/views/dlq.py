@@ -21,6 +21,7 @@ from dashboard.views.base import action, back, page, pager
 from dlq import services as dlq_services
 from dlq.models import DeadLetterTask
 from queues.models import Queue
+from taskforge.audit.log import of_request
 
 # Dead-letter queue -----------------------------------------------------------------
 
@@ -119,14 +120,17 @@ def dlq_replay(request: HttpRequest) -> HttpResponse:
             [filters.queue] if filters.queue is not None else list(Queue.objects.order_by("name"))
         )
         replayed = dlq_services.replay_matching(
-            queues, died_after=filters.died_after, died_before=filters.died_before
+            queues,
+            died_after=filters.died_after,
+            died_before=filters.died_before,
+            actor=of_request(request),
         )
     else:
         ids = _selected_ids(request)
         if not ids:
             messages.warning(request, "Select the tasks to replay first.")
             return back(request, default)
-        replayed = dlq_services.replay_selected(ids)
+        replayed = dlq_services.replay_selected(ids, actor=of_request(request))
     snapshot.invalidate()
     messages.success(request, f"Replayed {replayed:,} task{'s' if replayed != 1 else ''}.")
     return back(request, default)
@@ -140,7 +144,7 @@ def dlq_replay_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
         messages.error(request, "This task is not in the dead-letter queue.")
         return back(request, default)
     try:
-        dlq_services.replay_one(entry.queue, str(task_id))
+        dlq_services.replay_one(entry.queue, str(task_id), actor=of_request(request))
     except dlq_services.NotDead:
         messages.error(request, "This task is not dead any more; nothing was replayed.")
     else:
@@ -156,7 +160,7 @@ def dlq_discard_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     try:
         if entry is None:
             raise dlq_services.NotDead()
-        dlq_services.discard(entry.queue, str(task_id))
+        dlq_services.discard(entry.queue, str(task_id), actor=of_request(request))
     except dlq_services.NotDead:
         messages.error(request, "This task is not dead; nothing was discarded.")
         return back(request, reverse("dashboard:task", kwargs={"task_id": task_id}))
@@ -168,7 +172,7 @@ def dlq_discard_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
 @action
 def dlq_discard(request: HttpRequest) -> HttpResponse:
     """Delete the selected dead tasks (`ids`) for good."""
-    discarded = dlq_services.discard_selected(_selected_ids(request))
+    discarded = dlq_services.discard_selected(_selected_ids(request), actor=of_request(request))
     snapshot.invalidate()
     if discarded:
         messages.success(

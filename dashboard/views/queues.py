@@ -15,6 +15,7 @@ from dashboard import snapshot
 from dashboard.views.base import action, back, page
 from queues import services as queue_services
 from queues.models import Queue
+from taskforge.audit.log import of_request
 from tasks import services as task_services
 
 # Queue overview ------------------------------------------------------------------
@@ -42,7 +43,7 @@ def queue_resume(request: HttpRequest, name: str) -> HttpResponse:
 
 def _set_paused(request: HttpRequest, name: str, *, paused: bool) -> HttpResponse:
     queue = get_object_or_404(Queue, name=name)
-    queue_services.update_queue(queue, paused=paused)
+    queue_services.set_paused(queue, paused=paused, actor=of_request(request))
     snapshot.invalidate()
     if paused:
         messages.success(request, f"Paused queue {name}: it accepts tasks and hands out none.")
@@ -59,7 +60,7 @@ def queue_purge(request: HttpRequest, name: str) -> HttpResponse:
         if request.POST.get("confirm", "").strip() != name:
             messages.error(request, "Type the queue's name to confirm the purge.")
             return redirect("dashboard:queue-purge", name=name)
-        cancelled = task_services.purge_queue(queue)
+        cancelled = task_services.purge_queue(queue, actor=of_request(request))
         snapshot.invalidate()
         messages.success(request, f"Purged queue {name}: {cancelled:,} tasks cancelled.")
         return redirect("dashboard:overview")

@@ -23,6 +23,7 @@ from dashboard.forms import TaskSearchForm
 from dashboard.views.base import action, back, not_found, page, pager
 from dlq.models import DeadLetterTask
 from queues.models import Queue
+from taskforge.audit.log import of_request
 from taskforge.lib.timeutil import isoformat
 from tasks import lifecycle
 from tasks import services as task_services
@@ -195,7 +196,7 @@ def task_status(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
 def task_cancel(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     default = reverse("dashboard:task", kwargs={"task_id": task_id})
     try:
-        task_services.cancel(task_id)
+        task_services.cancel(task_id, actor=of_request(request))
     except task_services.UnknownTask:
         messages.error(request, "No such task.")
     except InvalidTransition:
