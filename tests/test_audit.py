@@ -256,3 +256,109 @@ def test_retention__never_deletes_audit_entries(admin_client: APIClient) -> None
 
     assert not Task.objects.filter(pk=task.pk).exists()
     assert entries() == [entry("task.cancel", "q", str(task.pk))]
+
+
+# GET /audit ------------------------------------------------------------------------
+
+
+def _entry_at(at: Any, action: Action, actor: Actor, queue: str | None) -> AuditEntry:
+    with transaction.atomic():
+        entry = record(actor, action, queue=queue, target=queue)
+    AuditEntry.objects.filter(pk=entry.pk).update(at=at)
+    return entry
+
+
+@pytest.fixture
+def log() -> dict[str, AuditEntry]:
+    """Four entries a minute apart, oldest first."""
+    t0 = timezone.now() - timedelta(hours=1)
+    return {
+        "create": _entry_at(t0, Action.QUEUE_CREATE, CLI, "a"),
+        "pause": _entry_at(t0 + timedelta(minutes=1), Action.QUEUE_PAUSE, Actor.user("ann"), "a"),
+        "key": _entry_at(t0 + timedelta(minutes=2), Action.APIKEY_CREATE, Actor.user("ann"), None),
+        "gone": _entry_at(
+            t0 + timedelta(minutes=3), Action.QUEUE_DELETE, Actor.api_key("ops"), "b"
+        ),
+    }
+
+
+@pytest.mark.django_db
+def test_get_audit__lists_entries_newest_first_in_the_contract_shape(
+    admin_client: APIClient, log: dict[str, AuditEntry]
+) -> None:
+    response = admin_client.get("/audit")
+
+    assert response.status_code == status.HTTP_200_OK
+    body = response.json()
+    assert body["next"] is None
+    assert [e["id"] for e in body["results"]] == [
+        log[k].pk for k in ("gone", "key", "pause", "create")
+    ]
+    gone = AuditEntry.objects.get(pk=log["gone"].pk)
+    assert body["results"][0] == {
+        "id": gone.pk,
+        "at": gone.at.isoformat().replace("+00:00", "Z"),
+        "actor": {"kind": "api_key", "name": "ops"},
+        "action": "queue.delete",
+        "queue": "b",
+        "target": "b",
+        "details": {},
+    }
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("action=queue.pause", ["pause"]),
+        ("actor=ann", ["key", "pause"]),
+        ("actor=an", []),  # exact names only
+        ("actor=manage.py", ["create"]),
+        ("queue=a", ["pause", "create"]),
+        ("queue=b", ["gone"]),  # a deleted queue's history stays readable
+        ("action=apikey.create&actor=ann", ["key"]),
+    ],
+)
+def test_get_audit__filters(
+    admin_client: APIClient, log: dict[str, AuditEntry], query: str, expected: list[str]
+) -> None:
+    response = admin_client.get(f"/audit?{query}")
+
+    assert [e["id"] for e in response.json()["results"]] == [log[k].pk for k in expected]
+
+
+@pytest.mark.django_db
+def test_get_audit__time_filters_are_exclusive(
+    admin_client: APIClient, log: dict[str, AuditEntry]
+) -> None:
+    pause = AuditEntry.objects.get(pk=log["pause"].pk).at
+    gone = AuditEntry.objects.get(pk=log["gone"].pk).at
+    after = pause.isoformat().replace("+00:00", "Z")
+    before = gone.isoformat().replace("+00:00", "Z")
+
+    response = admin_client.get("/audit", {"after": after, "before": before})
+
+    assert [e["id"] for e in response.json()["results"]] == [log["key"].pk]
+
+
+@pytest.mark.django_db
+def test_get_audit__pages_with_a_cursor(
+    admin_client: APIClient, log: dict[str, AuditEntry]
+) -> None:
+    first = admin_client.get("/audit?limit=3").json()
+    second = admin_client.get(first["next"]).json()
+
+    ids = [e["id"] for e in first["results"] + second["results"]]
+    assert ids == [log[k].pk for k in ("gone", "key", "pause", "create")]
+    assert second["next"] is None
+
+
+@pytest.mark.django_db
+def test_get_audit__is_for_admin_keys_only(
+    producer_client: APIClient, worker_client: APIClient
+) -> None:
+    for client in (producer_client, worker_client):
+        response = client.get("/audit")
+        assert response.status_code == status.HTTP_403_FORBIDDEN
+        assert response.json()["error"]["code"] == "forbidden"
+    assert APIClient().get("/audit").status_code == status.HTTP_401_UNAUTHORIZED
