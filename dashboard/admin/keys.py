@@ -15,6 +15,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from dashboard.admin.base import GuardedAdmin
 from taskforge.api import keys
 from taskforge.api.models import ApiKey
 from taskforge.audit.log import of_request
@@ -24,7 +25,7 @@ _ISSUED_KEY = "_taskforge_issued_key"
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
+class ApiKeyAdmin(GuardedAdmin[ApiKey]):
     list_display = ("name", "role", "created_at", "last_used_at", "revoked")
     list_filter = ("role", "revoked")
     search_fields = ("name",)
@@ -68,7 +69,9 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
             },
         )
 
-    @admin.action(description="Revoke selected keys")
+    # Revoking changes the key: Django's own change permission (superusers, or
+    # whoever an administrator gives `api.change_apikey`).
+    @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         revoked = keys.revoke(queryset, actor=of_request(request))
         self.message_user(request, f"Revoked {revoked} key(s).", messages.SUCCESS)

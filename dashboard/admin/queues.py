@@ -14,6 +14,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse, reverse_lazy
 from django.utils.html import format_html
 
+from dashboard import roles
+from dashboard.admin.base import GuardedAdmin
 from queues import services
 from queues.models import Queue
 from taskforge.audit.log import of_request
@@ -28,7 +30,7 @@ admin.site.index_title = "Data"
 
 
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin[Queue]):
+class QueueAdmin(GuardedAdmin[Queue]):
     list_display = ("name", "paused", "max_retries", "rate_limit", "created_at", "dashboard")
     list_filter = ("paused",)
     search_fields = ("name",)
@@ -62,19 +64,27 @@ class QueueAdmin(admin.ModelAdmin[Queue]):
         obj.pk, obj.created_at = created.pk, created.created_at
         obj._state.adding = False
 
-    @admin.action(description="Pause selected queues")
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(roles.PAUSE)
+
+    def has_purge_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(roles.PURGE)
+
+    @admin.action(description="Pause selected queues", permissions=["pause"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         for queue in queryset:
             services.set_paused(queue, paused=True, actor=of_request(request))
         self.message_user(request, f"Paused {len(queryset)} queue(s).", messages.SUCCESS)
 
-    @admin.action(description="Resume selected queues")
+    @admin.action(description="Resume selected queues", permissions=["pause"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         for queue in queryset:
             services.set_paused(queue, paused=False, actor=of_request(request))
         self.message_user(request, f"Resumed {len(queryset)} queue(s).", messages.SUCCESS)
 
-    @admin.action(description="Purge selected queues (cancel every task not started)…")
+    @admin.action(
+        description="Purge selected queues (cancel every task not started)…", permissions=["purge"]
+    )
     def purge(self, request: HttpRequest, queryset: QuerySet[Queue]) -> HttpResponse | None:
         queues = list(queryset)
         if request.POST.get("confirmed") != "yes":

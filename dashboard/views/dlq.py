@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard import formatting as fmt
-from dashboard import queries, snapshot
+from dashboard import queries, roles, snapshot
 from dashboard.forms import DlqFilterForm
 from dashboard.views.base import action, back, page, pager
 from dlq import services as dlq_services
@@ -36,7 +36,7 @@ def _dlq_filters(form: DlqFilterForm) -> queries.DlqFilter:
     )
 
 
-@page
+@page(roles.VIEW_DLQ)
 def dlq(request: HttpRequest) -> HttpResponse:
     form = DlqFilterForm(request.GET)
     result: queries.Page | None = None
@@ -90,6 +90,7 @@ def dlq(request: HttpRequest) -> HttpResponse:
             ],
             "replay_all_label": label,
             "replay_all_question": question,
+            "can_act": request.user.has_perm(roles.REPLAY) or request.user.has_perm(roles.DISCARD),
             **pager(request, result),
             "nav": "dlq",
         },
@@ -106,7 +107,7 @@ def _selected_ids(request: HttpRequest) -> list[str]:
     return ids
 
 
-@action
+@action(roles.REPLAY)
 def dlq_replay(request: HttpRequest) -> HttpResponse:
     """Replay the selected entries (`ids`), or every entry matching the filters (`all`)."""
     default = reverse("dashboard:dlq")
@@ -136,7 +137,7 @@ def dlq_replay(request: HttpRequest) -> HttpResponse:
     return back(request, default)
 
 
-@action
+@action(roles.REPLAY)
 def dlq_replay_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     entry = DeadLetterTask.objects.select_related("queue").filter(task_id=task_id).first()
     default = reverse("dashboard:task", kwargs={"task_id": task_id})
@@ -153,7 +154,7 @@ def dlq_replay_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     return back(request, default)
 
 
-@action
+@action(roles.DISCARD)
 def dlq_discard_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     entry = DeadLetterTask.objects.select_related("queue").filter(task_id=task_id).first()
     default = reverse("dashboard:dlq")
@@ -169,7 +170,7 @@ def dlq_discard_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     return back(request, default)
 
 
-@action
+@action(roles.DISCARD)
 def dlq_discard(request: HttpRequest) -> HttpResponse:
     """Delete the selected dead tasks (`ids`) for good."""
     discarded = dlq_services.discard_selected(_selected_ids(request), actor=of_request(request))

@@ -11,8 +11,8 @@ from django.http import (
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
-from dashboard import snapshot
-from dashboard.views.base import action, back, page
+from dashboard import roles, snapshot
+from dashboard.views.base import action, back, page, requires
 from queues import services as queue_services
 from queues.models import Queue
 from taskforge.audit.log import of_request
@@ -21,7 +21,7 @@ from tasks import services as task_services
 # Queue overview ------------------------------------------------------------------
 
 
-@page
+@page(roles.VIEW_QUEUES)
 def overview(request: HttpRequest) -> HttpResponse:
     data = snapshot.current()
     return render(
@@ -31,12 +31,12 @@ def overview(request: HttpRequest) -> HttpResponse:
     )
 
 
-@action
+@action(roles.PAUSE)
 def queue_pause(request: HttpRequest, name: str) -> HttpResponse:
     return _set_paused(request, name, paused=True)
 
 
-@action
+@action(roles.PAUSE)
 def queue_resume(request: HttpRequest, name: str) -> HttpResponse:
     return _set_paused(request, name, paused=False)
 
@@ -53,6 +53,7 @@ def _set_paused(request: HttpRequest, name: str, *, paused: bool) -> HttpRespons
 
 
 @staff_member_required
+@requires(roles.PURGE)
 def queue_purge(request: HttpRequest, name: str) -> HttpResponse:
     """GET: the confirmation page; POST: cancel every pending, claimed and retry task."""
     queue = get_object_or_404(Queue, name=name)
