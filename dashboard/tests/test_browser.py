@@ -278,6 +278,8 @@ def test_viewer__sees_every_page_and_is_offered_no_action(
     _expect()(tab.locator(".actions-bar button")).to_have_count(0)
     tab.click("text=Workers")
     _expect()(tab.locator("h1")).to_contain_text("Workers")
+    tab.click("text=Audit log")
+    _expect()(tab.locator("h1")).to_have_text("Audit log")
 
     # Posted anyway: 403, and nothing changes.
     for path in [
@@ -294,7 +296,7 @@ def test_viewer__sees_every_page_and_is_offered_no_action(
     assert (statuses[pending.pk], statuses[dead.pk]) == (TaskStatus.PENDING, TaskStatus.DEAD)
 
 
-def test_operator__pauses_a_queue_and_cancels_a_task(page: Any, live_server: Any) -> None:
+def test_operator__acts_and_finds_the_actions_in_the_audit_log(page: Any, live_server: Any) -> None:
     queue = QueueFactory(name="q")
     pending = TaskFactory(queue=queue)
     page.reload()
@@ -305,6 +307,16 @@ def test_operator__pauses_a_queue_and_cancels_a_task(page: Any, live_server: Any
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Cancel task").click()
     _expect()(page.locator(".msg-success")).to_contain_text("Task cancelled")
+
+    page.click("text=Audit log")
+    page.fill("#id_actor", "oncall")
+    page.click("text=Filter")
+    rows = page.locator("#audit-list tbody tr")
+    _expect()(rows).to_have_count(2)
+    _expect()(rows.first).to_contain_text("task.cancel")
+    _expect()(rows.first).to_contain_text(str(pending.pk))
+    _expect()(rows.last).to_contain_text("queue.pause")
+    _expect()(rows.last).to_contain_text("oncall")
 
 
 @pytest.mark.skipif(

@@ -29,6 +29,7 @@ PAGES = [
     f"{D}/tasks/{{pending}}/status",
     f"{D}/dlq/",
     f"{D}/workers/",
+    f"{D}/audit/",
 ]
 ACTIONS = [
     f"{D}/queues/q/pause",
@@ -165,6 +166,7 @@ def test_nav__links_only_the_pages_the_user_may_see(bare_staff_client: Client) -
     html = bare_staff_client.get(f"{D}/").content.decode()
 
     assert f'href="{D}/tasks/"' not in html
+    assert f'href="{D}/audit/"' not in html
 
 
 # Django admin -----------------------------------------------------------------------
@@ -238,3 +240,16 @@ def test_admin__a_viewer_cannot_change_a_queue(viewer_client: Client, admin_worl
 
     assert response.status_code == 403
     assert Queue.objects.get(name="q").max_retries == 3
+
+
+def test_admin__the_audit_log_is_read_only_even_for_superusers(
+    superuser_client: Client, admin_world: Any
+) -> None:
+    superuser_client.post("/admin/dashboard/queues/q/pause")
+    entry = AuditEntry.objects.get()
+
+    assert superuser_client.get("/admin/audit/auditentry/").status_code == 200
+    assert superuser_client.get(f"/admin/audit/auditentry/{entry.pk}/change/").status_code == 200
+    assert superuser_client.post(f"/admin/audit/auditentry/{entry.pk}/delete/").status_code == 403
+    assert superuser_client.get("/admin/audit/auditentry/add/").status_code == 403
+    assert AuditEntry.objects.count() == 1
