@@ -132,12 +132,14 @@ def test_api__dlq_replay_one_bulk_all_and_discard(admin_client: APIClient) -> No
     )  # one is not dead any more: skipped
     admin_client.delete(f"/queues/q/dlq/{three.pk}")
     admin_client.post("/queues/q/dlq/replay", {"all": True}, format="json")
+    admin_client.post("/queues/q/dlq/replay", {"all": True}, format="json")  # nothing dead
 
     assert entries() == [
         entry("dlq.replay", "q", str(one.pk)),
         entry("dlq.replay", "q", None, count=1),
         entry("dlq.discard", "q", str(three.pk)),
         entry("dlq.replay", "q", None, count=2),
+        entry("dlq.replay", "q", None, count=0),
     ]
     assert {four.pk, five.pk} <= set(
         Task.objects.filter(status=S.PENDING).values_list("pk", flat=True)
