@@ -364,3 +364,60 @@ def test_get_audit__is_for_admin_keys_only(
         assert response.status_code == status.HTTP_403_FORBIDDEN
         assert response.json()["error"]["code"] == "forbidden"
     assert APIClient().get("/audit").status_code == status.HTTP_401_UNAUTHORIZED
+
+
+@pytest.mark.django_db
+def test_admin__queue_add_and_change_record_create_and_the_changed_fields(root: Client) -> None:
+    form = {"name": "adm", "max_retries": 3, "rate_limit": ""}
+    assert root.post("/admin/queues/queue/add/", form).status_code == 302
+    queue = Queue.objects.get(name="adm")
+    change = {"max_retries": 7, "rate_limit": 20, "paused": "on"}
+    assert root.post(f"/admin/queues/queue/{queue.pk}/change/", change).status_code == 302
+
+    user = {"kind": "user", "name": "root"}
+    assert entries() == [
+        entry("queue.create", "adm", "adm", user),
+        entry("queue.pause", "adm", "adm", user),
+        entry(
+            "queue.update",
+            "adm",
+            "adm",
+            user,
+            changed={"max_retries": [3, 7], "rate_limit": [None, 20]},
+        ),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api__every_action_writes_its_entry_inside_its_own_transaction(redis_client: Any) -> None:
+    """Outside a test's wrapping transaction, record() refuses to write unless the
+    service opened one: every action below would answer 500 if it had not."""
+    _, key = ApiKey.issue(name="ops", role="admin")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert client.post("/queues", {"name": "t"}, format="json").status_code == 201
+    assert client.patch("/queues/t", {"max_retries": 1}, format="json").status_code == 200
+    queue = Queue.objects.get(name="t")
+    pending = TaskFactory(queue=queue)
+    dead, gone = TaskFactory.create_batch(2, queue=queue, status=S.DEAD)
+    assert client.post("/queues/t/pause").status_code == 200
+    assert client.delete(f"/queues/t/tasks/{pending.pk}").status_code == 200
+    assert client.post(f"/queues/t/dlq/{dead.pk}/replay").status_code == 200
+    assert client.delete(f"/queues/t/dlq/{gone.pk}").status_code == 204
+    assert client.post("/queues/t/dlq/replay", {"all": True}, format="json").status_code == 200
+    assert client.post("/queues/t/purge").status_code == 200
+    assert client.delete("/queues/t").status_code == 204
+    call_command("createapikey", "ci", "--role", "worker", stdout=io.StringIO())
+
+    assert [e["action"] for e in entries()] == [
+        "queue.create",
+        "queue.update",
+        "queue.pause",
+        "task.cancel",
+        "dlq.replay",
+        "dlq.discard",
+        "dlq.replay",
+        "queue.purge",
+        "queue.delete",
+        "apikey.create",
+    ]
