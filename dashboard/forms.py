@@ -8,6 +8,7 @@ from typing import Any
 from django import forms
 
 from queues.models import Queue
+from taskforge.audit.models import Action
 from tasks.models import TaskStatus
 
 # <input type="datetime-local"> sends `2024-05-01T10:00`; times are UTC.
@@ -75,4 +76,28 @@ class DlqFilterForm(forms.Form):
     queue = QueueChoiceField()
     died_after = _time_field("Died after (UTC)")
     died_before = _time_field("Died before (UTC)")
+    cursor = forms.CharField(required=False, widget=forms.HiddenInput, max_length=500)
+
+
+class AuditFilterForm(forms.Form):
+    action = forms.ChoiceField(
+        required=False, choices=[("", "Any action"), *Action.choices], label="Action"
+    )
+    actor = forms.CharField(
+        required=False,
+        max_length=200,
+        strip=False,  # names match exactly, as in GET /audit
+        label="Who",
+        widget=forms.TextInput(attrs={"placeholder": "User, key name or manage.py"}),
+    )
+    # Free text, not a list of queues: a deleted queue's history stays searchable.
+    queue = forms.CharField(
+        required=False,
+        max_length=100,
+        strip=False,
+        label="Queue",
+        widget=forms.TextInput(attrs={"placeholder": "Queue name"}),
+    )
+    after = _time_field("After (UTC)")
+    before = _time_field("Before (UTC)")
     cursor = forms.CharField(required=False, widget=forms.HiddenInput, max_length=500)

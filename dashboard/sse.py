@@ -27,7 +27,8 @@ from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
 from django.views.decorators.http import require_GET
 
-from dashboard import snapshot
+from dashboard import roles, snapshot
+from dashboard.views.base import requires
 
 INTERVAL_SECONDS = 2.0
 LIFETIME_SECONDS = 180.0
@@ -75,6 +76,7 @@ def events(*, lifetime: float, interval: float) -> Iterator[str]:
 
 @staff_member_required
 @require_GET
+@requires(roles.VIEW_QUEUES)
 def stream(request: HttpRequest) -> StreamingHttpResponse:
     response = StreamingHttpResponse(
         events(lifetime=LIFETIME_SECONDS, interval=INTERVAL_SECONDS),

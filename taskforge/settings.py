@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_prometheus",
     "taskforge.api",
+    "taskforge.audit",
     "queues",
     "tasks",
     "workers",
@@ -214,7 +215,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"TaskStatusEnum": "tasks.models.TaskStatus.choices"},
+    "ENUM_NAME_OVERRIDES": {
+        "TaskStatusEnum": "tasks.models.TaskStatus.choices",
+        "AuditActionEnum": "taskforge.audit.models.Action.choices",
+        "AuditActorKindEnum": "taskforge.audit.models.ActorKind.choices",
+    },
 }
 
 # Records skip the thread and process lookups that no JSON line prints.

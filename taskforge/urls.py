@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from dashboard import metrics as metrics_views
 from dlq.api import views as dlq_views
 from taskforge.api import health
+from taskforge.audit import api as audit_views
 from tasks.api import queues as queue_views
 from tasks.api import views as task_views
 from workers.api import views as worker_views
@@ -51,6 +52,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("workers/ack", worker_views.AckView.as_view(), name="worker-ack"),
     path("workers/ack/batch", worker_views.AckBatchView.as_view(), name="worker-ack-batch"),
     path("workers/nack", worker_views.NackView.as_view(), name="worker-nack"),
+    path("audit", audit_views.AuditListView.as_view(), name="audit-list"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     # The operator dashboard; before the admin site, whose catch-all would take it.

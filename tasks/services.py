@@ -1,7 +1,9 @@
 """What producers and operators do with tasks: enqueue, cancel, purge a queue, delete it.
 
 Each moves tasks through `tasks.transitions`; the API, the dashboard and the
-admin call these, never the transitions' locking themselves.
+admin call these, never the transitions' locking themselves.  The operator
+actions (cancel, purge, delete) take the `actor` and write its audit entry in
+the action's transaction.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from redis.exceptions import RedisError
 from queues import lookup
 from queues.exceptions import QueueNotEmpty, UnknownQueue
 from queues.models import Queue
+from taskforge.audit.log import Actor, record, record_each
+from taskforge.audit.models import Action
 from taskforge.conf import conf
 from taskforge.errors import NotFound
 from tasks import transitions
@@ -197,7 +201,7 @@ def get_task(task_id: Any, *, queue: Queue | None = None, lock: bool = False) ->
     return task
 
 
-def cancel(task_id: Any, *, queue: Queue | None = None) -> Task:
+def cancel(task_id: Any, *, actor: Actor, queue: Queue | None = None) -> Task:
     """Cancel one pending, claimed or retry task (of `queue`, when given).
 
     Raises:
@@ -207,13 +211,15 @@ def cancel(task_id: Any, *, queue: Queue | None = None) -> Task:
     with transaction.atomic():
         task = get_task(task_id, queue=queue, lock=True)
         transitions.cancel([task])
+        record(actor, Action.TASK_CANCEL, queue=task.queue.name, target=str(task.pk))
     return task
 
 
-def cancel_many(task_ids: Sequence[Any]) -> int:
+def cancel_many(task_ids: Sequence[Any], *, actor: Actor) -> int:
     """Cancel the cancellable ones among `task_ids` (any queues); others are skipped.
 
-    Returns how many were cancelled, in batches of short transactions.
+    Returns how many were cancelled, in batches of short transactions; each
+    batch writes one audit entry per task it cancelled.
     """
     cancelled = 0
     for start in range(0, len(task_ids), CANCEL_BATCH):
@@ -227,15 +233,20 @@ def cancel_many(task_ids: Sequence[Any]) -> int:
                 .order_by("id")
             )
             transitions.cancel(batch)
+            record_each(
+                actor, Action.TASK_CANCEL, ((task.queue.name, str(task.pk)) for task in batch)
+            )
         cancelled += len(batch)
     return cancelled
 
 
-def purge_queue(queue: Queue) -> int:
+def purge_queue(queue: Queue, *, actor: Actor) -> int:
     """Cancel every pending, claimed and retry task of the queue; return how many.
 
     Works in batches of short transactions so a large purge does not hold a
-    lock on every task of a big queue at once.
+    lock on every task of a big queue at once.  One audit entry,
+    `{"cancelled": n}`, is written in the last batch's transaction: the one
+    that finishes the purge.
     """
     cancelled = 0
     while True:
@@ -250,12 +261,19 @@ def purge_queue(queue: Queue) -> int:
             for task in batch:
                 task.queue = queue
             transitions.cancel(batch)
-        cancelled += len(batch)
-        if len(batch) < PURGE_BATCH:
-            return cancelled
+            cancelled += len(batch)
+            if len(batch) < PURGE_BATCH:
+                record(
+                    actor,
+                    Action.QUEUE_PURGE,
+                    queue=queue.name,
+                    target=queue.name,
+                    details={"cancelled": cancelled},
+                )
+                return cancelled
 
 
-def delete_queue(queue: Queue) -> None:
+def delete_queue(queue: Queue, *, actor: Actor) -> None:
     """Delete a queue with no live task; its done and cancelled tasks go with it.
 
     Raises:
@@ -269,6 +287,7 @@ def delete_queue(queue: Queue) -> None:
             raise QueueNotEmpty()
         queue_id = queue.pk
         queue.delete()
+        record(actor, Action.QUEUE_DELETE, queue=queue.name, target=queue.name)
         transaction.on_commit(lambda: _forget_buffer(queue_id))
 
 

@@ -81,6 +81,7 @@ ENDPOINTS = [
     Endpoint("POST", "/queues/{queue}/dlq/{task}/replay", ADMINS, None),
     Endpoint("DELETE", "/queues/{queue}/dlq/{task}", ADMINS, None),
     Endpoint("GET", "/workers", ADMINS, None),
+    Endpoint("GET", "/audit", ADMINS, status.HTTP_200_OK),
     Endpoint("POST", "/workers/claim", WORKERS, None, {"worker_id": "w", "queues": ["auth-empty"]}),
     Endpoint("POST", "/workers/heartbeat", WORKERS, None, {"worker_id": "w", "task_id": "{task}"}),
     Endpoint("POST", "/workers/ack", WORKERS, None, {"worker_id": "w", "task_id": "{task}"}),

@@ -18,6 +18,7 @@ from rest_framework.test import APIClient
 
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
+from taskforge.audit.models import AuditEntry
 from tasks.models import Task, TaskEvent
 from tasks.tests.factories import TaskFactory
 from tests.helpers import send_raw
@@ -579,6 +580,25 @@ CASES += [
     ]
     for k, c in cursors.items()
 ]
+AUDIT = "/audit"
+CASES += [
+    query(AUDIT, f"{name}={v}", (name,), f"audit: {name} {k}")
+    for name, values in {
+        "action": {"unknown": "queue.explode", "upper case": "QUEUE.PAUSE", "empty": ""},
+        "actor": {"NUL": "a%00b", "too long": "a" * 201, "empty": ""},
+        "queue": {"NUL": "a%00b", "too long": "q" * 101, "empty": ""},
+        "after": {"words": "yesterday", "naive": "2020-01-01T00:00:00", "empty": ""},
+        "before": {"year 10000": "10000-01-01T00:00:00Z", "NUL": "2020-01-01T00:00:00Z%00"},
+        "limit": {"0": "0", "501": "501", "float": "1.5"},
+        "cursor": {
+            "garbage": "!!!",
+            "strings": cursor(["x", "y"]),
+            "time as id": cursor([_SOME_TIME, _SOME_TIME]),
+            "too short": cursor([_SOME_TIME]),
+        },
+    }.items()
+    for k, v in values.items()
+]
 
 # --- size limits --------------------------------------------------------------
 CASES += [
@@ -648,6 +668,7 @@ def snapshot() -> tuple[Any, ...]:
         sorted(Queue.objects.values_list("name", "max_retries", "rate_limit", "paused")),
         sorted(Task.objects.values_list("id", "status", "updated_at")),
         TaskEvent.objects.count(),
+        AuditEntry.objects.count(),
     )
 
 

@@ -9,14 +9,17 @@ row, so it knows whether a next page exists, and the change list shows
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib import admin
 from django.contrib.admin.views.main import PAGE_VAR, ChangeList
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest, HttpResponse
 from django.utils.functional import cached_property
+
+_M = TypeVar("_M", bound=Model)
 
 
 class LookaheadPaginator(Paginator[Any]):
@@ -55,7 +58,25 @@ class LookaheadChangeList(ChangeList):
         return None
 
 
-class LargeTableAdmin(admin.ModelAdmin[Any]):
+class GuardedAdmin(admin.ModelAdmin[_M]):
+    """Refuses (403) a posted action the user is not offered.
+
+    Each action declares `allowed_permissions`, and the admin offers it only
+    to users with them (superusers hold every permission).  Unguarded, a
+    posted action that is not offered comes back as "No action selected"
+    (or the list again), which does not say that the user may not take it.
+    """
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        name = request.POST.get("action") if request.method == "POST" else None
+        if name is not None and name not in self.get_actions(request):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+
+class LargeTableAdmin(GuardedAdmin[Any]):
     """Change lists that stay cheap on a table of millions of rows."""
 
     show_full_result_count = False

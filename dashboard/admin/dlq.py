@@ -13,9 +13,11 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from dashboard import roles
 from dashboard.admin.base import LargeTableAdmin, ReadOnlyAdminMixin
 from dlq import services
 from dlq.models import DeadLetterQuerySet, DeadLetterTask
+from taskforge.audit.log import of_request
 
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices
@@ -94,15 +96,21 @@ class DeadLetterTaskAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
         text = entry.last_error or ""
         return text if len(text) <= 120 else text[:119] + "…"
 
-    @admin.action(description="Replay selected tasks")
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(roles.REPLAY)
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(roles.DISCARD)
+
+    @admin.action(description="Replay selected tasks", permissions=["replay"])
     def replay(self, request: HttpRequest, queryset: QuerySet[DeadLetterTask]) -> None:
-        replayed = services.replay_selected(_ids(queryset))
+        replayed = services.replay_selected(_ids(queryset), actor=of_request(request))
         self.message_user(request, f"Replayed {replayed} task(s).", messages.SUCCESS)
 
-    @admin.action(description="Discard selected tasks for good")
+    @admin.action(description="Discard selected tasks for good", permissions=["discard"])
     def discard(self, request: HttpRequest, queryset: QuerySet[DeadLetterTask]) -> None:
         # Tasks replayed meanwhile are not dead any more: skipped.
-        discarded = services.discard_selected(_ids(queryset))
+        discarded = services.discard_selected(_ids(queryset), actor=of_request(request))
         self.message_user(request, f"Discarded {discarded} task(s).", messages.SUCCESS)
 
 

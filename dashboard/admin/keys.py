@@ -15,14 +15,17 @@ from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from dashboard.admin.base import GuardedAdmin
+from taskforge.api import keys
 from taskforge.api.models import ApiKey
+from taskforge.audit.log import of_request
 
 # The request attribute that carries a new key from save_model to response_add.
 _ISSUED_KEY = "_taskforge_issued_key"
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
+class ApiKeyAdmin(GuardedAdmin[ApiKey]):
     list_display = ("name", "role", "created_at", "last_used_at", "revoked")
     list_filter = ("role", "revoked")
     search_fields = ("name",)
@@ -43,7 +46,7 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     ) -> None:
         if change:
             return  # every field is read-only once the key exists
-        issued, key = ApiKey.issue(name=obj.name, role=obj.role)
+        issued, key = keys.issue(name=obj.name, role=obj.role, actor=of_request(request))
         obj.pk, obj.key_hash, obj.created_at = issued.pk, issued.key_hash, issued.created_at
         obj._state.adding = False
         setattr(request, _ISSUED_KEY, key)
@@ -66,7 +69,9 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
             },
         )
 
-    @admin.action(description="Revoke selected keys")
+    # Revoking changes the key: Django's own change permission (superusers, or
+    # whoever an administrator gives `api.change_apikey`).
+    @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        revoked = queryset.filter(revoked=False).update(revoked=True)
+        revoked = keys.revoke(queryset, actor=of_request(request))
         self.message_user(request, f"Revoked {revoked} key(s).", messages.SUCCESS)

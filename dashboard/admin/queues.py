@@ -14,8 +14,11 @@ from django.template.response import TemplateResponse
 from django.urls import reverse, reverse_lazy
 from django.utils.html import format_html
 
+from dashboard import roles
+from dashboard.admin.base import GuardedAdmin
 from queues import services
 from queues.models import Queue
+from taskforge.audit.log import of_request
 from tasks import services as task_services
 
 # The admin's "View site" link leads to the operator dashboard.
@@ -27,7 +30,7 @@ admin.site.index_title = "Data"
 
 
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin[Queue]):
+class QueueAdmin(GuardedAdmin[Queue]):
     list_display = ("name", "paused", "max_retries", "rate_limit", "created_at", "dashboard")
     list_filter = ("paused",)
     search_fields = ("name",)
@@ -54,26 +57,34 @@ class QueueAdmin(admin.ModelAdmin[Queue]):
     ) -> None:
         fields = {name: form.cleaned_data[name] for name in form.changed_data if name != "name"}
         if change:
-            services.update_queue(obj, **fields)
+            services.update_queue(obj, **fields, actor=of_request(request))
             return
         # The form's unique check has refused a taken name already.
-        created = services.create_queue(obj.name, **fields)
+        created = services.create_queue(obj.name, **fields, actor=of_request(request))
         obj.pk, obj.created_at = created.pk, created.created_at
         obj._state.adding = False
 
-    @admin.action(description="Pause selected queues")
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(roles.PAUSE)
+
+    def has_purge_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(roles.PURGE)
+
+    @admin.action(description="Pause selected queues", permissions=["pause"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         for queue in queryset:
-            services.update_queue(queue, paused=True)
+            services.set_paused(queue, paused=True, actor=of_request(request))
         self.message_user(request, f"Paused {len(queryset)} queue(s).", messages.SUCCESS)
 
-    @admin.action(description="Resume selected queues")
+    @admin.action(description="Resume selected queues", permissions=["pause"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
         for queue in queryset:
-            services.update_queue(queue, paused=False)
+            services.set_paused(queue, paused=False, actor=of_request(request))
         self.message_user(request, f"Resumed {len(queryset)} queue(s).", messages.SUCCESS)
 
-    @admin.action(description="Purge selected queues (cancel every task not started)…")
+    @admin.action(
+        description="Purge selected queues (cancel every task not started)…", permissions=["purge"]
+    )
     def purge(self, request: HttpRequest, queryset: QuerySet[Queue]) -> HttpResponse | None:
         queues = list(queryset)
         if request.POST.get("confirmed") != "yes":
@@ -88,7 +99,8 @@ class QueueAdmin(admin.ModelAdmin[Queue]):
                     "action_checkbox_name": ACTION_CHECKBOX_NAME,
                 },
             )
-        cancelled = sum(task_services.purge_queue(queue) for queue in queues)
+        actor = of_request(request)
+        cancelled = sum(task_services.purge_queue(queue, actor=actor) for queue in queues)
         self.message_user(
             request,
             f"Purged {len(queues)} queue(s): {cancelled:,} tasks cancelled.",

@@ -17,7 +17,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from dashboard import roles
 from dashboard.admin.base import LargeTableAdmin, ReadOnlyAdminMixin
+from taskforge.audit.log import of_request
 from tasks import services
 from tasks.models import Task, TaskEvent
 
@@ -95,10 +97,15 @@ class TaskAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
             '<a href="{}">Inspect</a>', reverse("dashboard:task", kwargs={"task_id": task.pk})
         )
 
-    @admin.action(description="Cancel selected tasks (pending, claimed or retry)")
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(roles.CANCEL)
+
+    @admin.action(
+        description="Cancel selected tasks (pending, claimed or retry)", permissions=["cancel"]
+    )
     def cancel(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
         ids = list(queryset.values_list("pk", flat=True))
-        cancelled = services.cancel_many(ids)
+        cancelled = services.cancel_many(ids, actor=of_request(request))
         skipped = len(ids) - cancelled
         self.message_user(request, f"Cancelled {cancelled} task(s).", messages.SUCCESS)
         if skipped:

@@ -6,11 +6,12 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils import timezone
 
+from dashboard.admin.base import GuardedAdmin
 from workers.models import Worker
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin[Worker]):
+class WorkerAdmin(GuardedAdmin[Worker]):
     list_display = ("worker_id", "last_seen_at", "stale")
     search_fields = ("worker_id",)
     ordering = ("-last_seen_at",)

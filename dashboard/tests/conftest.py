@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.test import Client
 
-from dashboard import snapshot
+from dashboard import roles, snapshot
 
 PASSWORD = "correct horse battery staple"
 
@@ -28,9 +28,40 @@ def _fresh_snapshot() -> Iterator[None]:
     snapshot.invalidate()
 
 
+def make_staff(username: str, group: str | None) -> User:
+    """A staff user in `group` (none: staff with no permission at all)."""
+    user = User.objects.create_user(username, password=PASSWORD, is_staff=True)
+    if group is not None:
+        # A transactional test before this one may have flushed the migration's groups.
+        roles.ensure_groups()
+        user.groups.add(Group.objects.get(name=group))
+    return user
+
+
 @pytest.fixture
 def staff_user(db: None) -> User:
-    return User.objects.create_user("oncall", password=PASSWORD, is_staff=True)
+    """On call: a staff user in TaskForge operators."""
+    return make_staff("oncall", roles.OPERATORS)
+
+
+@pytest.fixture
+def viewer_user(db: None) -> User:
+    return make_staff("viewer", roles.VIEWERS)
+
+
+@pytest.fixture
+def viewer_client(viewer_user: User) -> Client:
+    client = Client()
+    client.force_login(viewer_user)
+    return client
+
+
+@pytest.fixture
+def bare_staff_client(db: None) -> Client:
+    """Staff, in no group and with no permission."""
+    client = Client()
+    client.force_login(make_staff("bare", None))
+    return client
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from dashboard import snapshot, sse
+from dashboard import roles, snapshot, sse
 from dashboard.tests import demo
-from dashboard.tests.conftest import PASSWORD
+from dashboard.tests.conftest import PASSWORD, make_staff
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge.api.models import ApiKey
@@ -83,22 +83,36 @@ def fast_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(snapshot, "MAX_AGE_SECONDS", 0.0)
 
 
-@pytest.fixture
-def page(browser: Any, live_server: Any, fast_stream: None) -> Iterator[Any]:
-    """A logged-in staff page at 1280x800."""
-    User.objects.create_user("oncall", password=PASSWORD, is_staff=True)
+def _signed_in(browser: Any, live_server: Any, username: str, group: str) -> Any:
+    """A new 1280x800 tab of a staff user in `group`, signed in on the dashboard."""
+    make_staff(username, group)
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     context.set_default_timeout(TIMEOUT_MS)
     tab = context.new_page()
     tab.goto(f"{live_server.url}/admin/dashboard/")
     # Not logged in: the admin's login form, then back to the dashboard.
     assert "/admin/login/" in tab.url
-    tab.fill("#id_username", "oncall")
+    tab.fill("#id_username", username)
     tab.fill("#id_password", PASSWORD)
     tab.click("input[type=submit]")
     tab.wait_for_url(f"{live_server.url}/admin/dashboard/")
+    return tab
+
+
+@pytest.fixture
+def page(browser: Any, live_server: Any, fast_stream: None) -> Iterator[Any]:
+    """A signed-in operator's page (TaskForge operators) at 1280x800."""
+    tab = _signed_in(browser, live_server, "oncall", roles.OPERATORS)
     yield tab
-    context.close()
+    tab.context.close()
+
+
+@pytest.fixture
+def viewer_page(browser: Any, live_server: Any, fast_stream: None) -> Iterator[Any]:
+    """A signed-in viewer's page (TaskForge viewers) at 1280x800."""
+    tab = _signed_in(browser, live_server, "watcher", roles.VIEWERS)
+    yield tab
+    tab.context.close()
 
 
 def _expect() -> Any:
@@ -227,6 +241,82 @@ def test_overview__phone_layout_shows_every_queue_as_a_card(browser: Any, page: 
     box = row.bounding_box()
     assert box is not None and box["width"] <= 390
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+
+# Roles -----------------------------------------------------------------------------
+
+
+def _post_form(tab: Any, live_server: Any, path: str) -> int:
+    """POST a form to `path` as this browser would (its session, its CSRF token)."""
+    token = next(c["value"] for c in tab.context.cookies() if c["name"] == "csrftoken")
+    response = tab.request.post(
+        f"{live_server.url}{path}",
+        form={"csrfmiddlewaretoken": token, "confirm": "q", "all": "1"},
+        headers={"Referer": f"{live_server.url}/admin/dashboard/"},
+        max_redirects=0,
+    )
+    return int(response.status)
+
+
+def test_viewer__sees_every_page_and_is_offered_no_action(
+    viewer_page: Any, live_server: Any
+) -> None:
+    queue = QueueFactory(name="q")
+    pending = TaskFactory(queue=queue)
+    dead = TaskFactory(queue=queue, status="dead")
+    tab = viewer_page
+    tab.reload()
+
+    row = tab.locator('tr[data-queue="q"]')
+    _expect()(row).to_be_visible()
+    _expect()(row.locator("form, a.btn")).to_have_count(0)  # no pause, resume or purge
+    tab.click("text=Dead letters")
+    _expect()(tab.locator("#dlq-list tbody tr")).to_have_count(1)
+    _expect()(tab.locator('#dlq-form button, input[name="ids"]')).to_have_count(0)
+    tab.goto(f"{live_server.url}/admin/dashboard/tasks/{pending.pk}")
+    _expect()(tab.locator("#task-status")).to_have_text("pending")
+    _expect()(tab.locator(".actions-bar button")).to_have_count(0)
+    tab.click("text=Workers")
+    _expect()(tab.locator("h1")).to_contain_text("Workers")
+    tab.click("text=Audit log")
+    _expect()(tab.locator("h1")).to_have_text("Audit log")
+
+    # Posted anyway: 403, and nothing changes.
+    for path in [
+        "/admin/dashboard/queues/q/pause",
+        "/admin/dashboard/queues/q/purge",
+        f"/admin/dashboard/tasks/{pending.pk}/cancel",
+        f"/admin/dashboard/dlq/{dead.pk}/replay",
+        f"/admin/dashboard/dlq/{dead.pk}/discard",
+        "/admin/dashboard/dlq/replay",
+    ]:
+        assert _post_form(tab, live_server, path) == 403, path
+    assert Queue.objects.get(name="q").paused is False
+    statuses = dict(Task.objects.values_list("pk", "status"))
+    assert (statuses[pending.pk], statuses[dead.pk]) == (TaskStatus.PENDING, TaskStatus.DEAD)
+
+
+def test_operator__acts_and_finds_the_actions_in_the_audit_log(page: Any, live_server: Any) -> None:
+    queue = QueueFactory(name="q")
+    pending = TaskFactory(queue=queue)
+    page.reload()
+
+    page.locator('tr[data-queue="q"]').get_by_role("button", name="Pause").click()
+    _expect()(page.locator(".msg-success")).to_contain_text("Paused queue q")
+    page.goto(f"{live_server.url}/admin/dashboard/tasks/{pending.pk}")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Cancel task").click()
+    _expect()(page.locator(".msg-success")).to_contain_text("Task cancelled")
+
+    page.click("text=Audit log")
+    page.fill("#id_actor", "oncall")
+    page.click("text=Filter")
+    rows = page.locator("#audit-list tbody tr")
+    _expect()(rows).to_have_count(2)
+    _expect()(rows.first).to_contain_text("task.cancel")
+    _expect()(rows.first).to_contain_text(str(pending.pk))
+    _expect()(rows.last).to_contain_text("queue.pause")
+    _expect()(rows.last).to_contain_text("oncall")
 
 
 @pytest.mark.skipif(

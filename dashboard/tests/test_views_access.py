@@ -21,6 +21,7 @@ PAGES = [
     f"{D}/tasks/{ANY_ID}/status",
     f"{D}/dlq/",
     f"{D}/workers/",
+    f"{D}/audit/",
     f"{D}/queues/q/purge",
 ]
 ACTIONS = [
@@ -70,7 +71,9 @@ def test_actions__answer_405_to_get(path: str, staff_client: Client) -> None:
     assert staff_client.get(path).status_code == 405
 
 
-@pytest.mark.parametrize("path", [f"{D}/", f"{D}/tasks/", f"{D}/dlq/", f"{D}/workers/"])
+@pytest.mark.parametrize(
+    "path", [f"{D}/", f"{D}/tasks/", f"{D}/dlq/", f"{D}/workers/", f"{D}/audit/"]
+)
 def test_pages__answer_405_to_post(path: str, staff_client: Client) -> None:
     assert staff_client.post(path).status_code == 405
 

@@ -16,6 +16,7 @@ from dlq import services as dlq_services
 from dlq.models import DeadLetterTask
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
+from taskforge.audit.log import CLI, Actor
 from tasks.models import Task, TaskStatus
 from tasks.tests.factories import TaskFactory
 
@@ -31,13 +32,13 @@ def test_dlq__lists_dead_tasks_only_with_their_replay_count(staff_client: Client
     queue = QueueFactory(name="q")
     dead = TaskFactory(queue=queue, status="dead")
     twice = TaskFactory(queue=queue, status="dead")
-    dlq_services.replay_one(queue, str(twice.pk))
+    dlq_services.replay_one(queue, str(twice.pk), actor=CLI)
     twice.refresh_from_db()
     from tasks.tests.factories import walk
 
     walk(twice, "dead")  # died again
     replayed = TaskFactory(queue=queue, status="dead")
-    dlq_services.replay_one(queue, str(replayed.pk))
+    dlq_services.replay_one(queue, str(replayed.pk), actor=CLI)
 
     response = staff_client.get(f"{D}/dlq/")
 
@@ -89,9 +90,9 @@ def test_dlq_replay__selected_ids_across_queues(
     calls: list[tuple[str, list[str]]] = []
     real = dlq_services.replay_many
 
-    def spy(queue: Queue, ids: Any) -> int:
+    def spy(queue: Queue, ids: Any, *, actor: Actor) -> int:
         calls.append((queue.name, sorted(ids)))
-        return real(queue, ids)
+        return real(queue, ids, actor=actor)
 
     monkeypatch.setattr(dlq_services, "replay_many", spy)
 
@@ -183,7 +184,7 @@ def test_dlq_discard_one(staff_client: Client) -> None:
 
 def test_dlq_discard_one__refuses_a_task_that_is_not_dead(staff_client: Client) -> None:
     task = TaskFactory(status="dead")
-    dlq_services.replay_one(task.queue, str(task.pk))
+    dlq_services.replay_one(task.queue, str(task.pk), actor=CLI)
 
     response = staff_client.post(f"{D}/dlq/{task.pk}/discard", follow=True)
 

@@ -11,6 +11,7 @@ from dashboard.tests.pages import D, flashed
 from queues import services as queue_services
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
+from taskforge.audit.log import Actor
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.tests.factories import TaskFactory
 
@@ -77,20 +78,21 @@ def test_pause_and_resume__go_through_queue_services(
 ) -> None:
     QueueFactory(name="q")
     calls: list[dict[str, Any]] = []
-    real = queue_services.update_queue
+    real = queue_services.set_paused
 
-    def spy(queue: Queue, **fields: Any) -> Queue:
-        calls.append(fields)
-        return real(queue, **fields)
+    def spy(queue: Queue, *, paused: bool, actor: Actor) -> Queue:
+        calls.append({"paused": paused, "actor": actor})
+        return real(queue, paused=paused, actor=actor)
 
-    monkeypatch.setattr(queue_services, "update_queue", spy)
+    monkeypatch.setattr(queue_services, "set_paused", spy)
 
     response = staff_client.post(f"{D}/queues/q/pause", follow=True)
     assert Queue.objects.get(name="q").paused is True
     assert "Paused queue q" in flashed(response)[0]
     staff_client.post(f"{D}/queues/q/resume")
     assert Queue.objects.get(name="q").paused is False
-    assert calls == [{"paused": True}, {"paused": False}]
+    oncall = Actor.user("oncall")
+    assert calls == [{"paused": True, "actor": oncall}, {"paused": False, "actor": oncall}]
 
 
 def test_pause__returns_to_a_local_next_and_ignores_a_foreign_one(staff_client: Client) -> None:

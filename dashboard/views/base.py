@@ -4,12 +4,16 @@ Pages read through `dashboard.queries` and `dashboard.snapshot`; actions call
 the domain layer (`queues.services`, `tasks.services`, `dlq.services`) and
 redirect back with a message (post/redirect/get).  Which task may be
 cancelled, which is live, when a lease runs out: the models and
-`tasks.lifecycle` say, never these modules.
+`tasks.lifecycle` say, never these modules.  Each page and action names the
+Django permission it needs (`dashboard.roles`); the templates offer only the
+actions the user holds the permission of.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import (
@@ -27,14 +31,42 @@ from dashboard import queries
 View = Callable[..., HttpResponseBase]
 
 
-def page(view: View) -> View:
-    """A read-only page: staff login, GET (and HEAD) only."""
-    return staff_member_required(require_GET(view))
+def page(permission: str) -> Callable[[View], View]:
+    """A read-only page: staff login, GET (and HEAD) only, `permission` held."""
+
+    def decorate(view: View) -> View:
+        return staff_member_required(require_GET(requires(permission)(view)))
+
+    return decorate
 
 
-def action(view: View) -> View:
-    """A state-changing action: staff login, POST only (CSRF is checked by the middleware)."""
-    return staff_member_required(require_POST(view))
+def action(permission: str) -> Callable[[View], View]:
+    """A state-changing action: staff login, POST only (CSRF is checked by the
+    middleware), `permission` held."""
+
+    def decorate(view: View) -> View:
+        return staff_member_required(require_POST(requires(permission)(view)))
+
+    return decorate
+
+
+def requires(permission: str) -> Callable[[View], View]:
+    """403, and nothing done, unless the signed-in user holds `permission`."""
+
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            if not request.user.has_perm(permission):
+                return forbidden(request)
+            return view(request, *args, **kwargs)
+
+        return checked
+
+    return decorate
+
+
+def forbidden(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard/forbidden.html", status=403)
 
 
 def back(request: HttpRequest, default: str) -> HttpResponseRedirect:

@@ -15,12 +15,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard import formatting as fmt
-from dashboard import queries, snapshot
+from dashboard import queries, roles, snapshot
 from dashboard.forms import DlqFilterForm
 from dashboard.views.base import action, back, page, pager
 from dlq import services as dlq_services
 from dlq.models import DeadLetterTask
 from queues.models import Queue
+from taskforge.audit.log import of_request
 
 # Dead-letter queue -----------------------------------------------------------------
 
@@ -35,7 +36,7 @@ def _dlq_filters(form: DlqFilterForm) -> queries.DlqFilter:
     )
 
 
-@page
+@page(roles.VIEW_DLQ)
 def dlq(request: HttpRequest) -> HttpResponse:
     form = DlqFilterForm(request.GET)
     result: queries.Page | None = None
@@ -89,6 +90,7 @@ def dlq(request: HttpRequest) -> HttpResponse:
             ],
             "replay_all_label": label,
             "replay_all_question": question,
+            "can_act": request.user.has_perm(roles.REPLAY) or request.user.has_perm(roles.DISCARD),
             **pager(request, result),
             "nav": "dlq",
         },
@@ -105,7 +107,7 @@ def _selected_ids(request: HttpRequest) -> list[str]:
     return ids
 
 
-@action
+@action(roles.REPLAY)
 def dlq_replay(request: HttpRequest) -> HttpResponse:
     """Replay the selected entries (`ids`), or every entry matching the filters (`all`)."""
     default = reverse("dashboard:dlq")
@@ -119,20 +121,23 @@ def dlq_replay(request: HttpRequest) -> HttpResponse:
             [filters.queue] if filters.queue is not None else list(Queue.objects.order_by("name"))
         )
         replayed = dlq_services.replay_matching(
-            queues, died_after=filters.died_after, died_before=filters.died_before
+            queues,
+            died_after=filters.died_after,
+            died_before=filters.died_before,
+            actor=of_request(request),
         )
     else:
         ids = _selected_ids(request)
         if not ids:
             messages.warning(request, "Select the tasks to replay first.")
             return back(request, default)
-        replayed = dlq_services.replay_selected(ids)
+        replayed = dlq_services.replay_selected(ids, actor=of_request(request))
     snapshot.invalidate()
     messages.success(request, f"Replayed {replayed:,} task{'s' if replayed != 1 else ''}.")
     return back(request, default)
 
 
-@action
+@action(roles.REPLAY)
 def dlq_replay_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     entry = DeadLetterTask.objects.select_related("queue").filter(task_id=task_id).first()
     default = reverse("dashboard:task", kwargs={"task_id": task_id})
@@ -140,7 +145,7 @@ def dlq_replay_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
         messages.error(request, "This task is not in the dead-letter queue.")
         return back(request, default)
     try:
-        dlq_services.replay_one(entry.queue, str(task_id))
+        dlq_services.replay_one(entry.queue, str(task_id), actor=of_request(request))
     except dlq_services.NotDead:
         messages.error(request, "This task is not dead any more; nothing was replayed.")
     else:
@@ -149,14 +154,14 @@ def dlq_replay_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     return back(request, default)
 
 
-@action
+@action(roles.DISCARD)
 def dlq_discard_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     entry = DeadLetterTask.objects.select_related("queue").filter(task_id=task_id).first()
     default = reverse("dashboard:dlq")
     try:
         if entry is None:
             raise dlq_services.NotDead()
-        dlq_services.discard(entry.queue, str(task_id))
+        dlq_services.discard(entry.queue, str(task_id), actor=of_request(request))
     except dlq_services.NotDead:
         messages.error(request, "This task is not dead; nothing was discarded.")
         return back(request, reverse("dashboard:task", kwargs={"task_id": task_id}))
@@ -165,10 +170,10 @@ def dlq_discard_one(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     return back(request, default)
 
 
-@action
+@action(roles.DISCARD)
 def dlq_discard(request: HttpRequest) -> HttpResponse:
     """Delete the selected dead tasks (`ids`) for good."""
-    discarded = dlq_services.discard_selected(_selected_ids(request))
+    discarded = dlq_services.discard_selected(_selected_ids(request), actor=of_request(request))
     snapshot.invalidate()
     if discarded:
         messages.success(

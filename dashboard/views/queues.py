@@ -11,16 +11,17 @@ from django.http import (
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
-from dashboard import snapshot
-from dashboard.views.base import action, back, page
+from dashboard import roles, snapshot
+from dashboard.views.base import action, back, page, requires
 from queues import services as queue_services
 from queues.models import Queue
+from taskforge.audit.log import of_request
 from tasks import services as task_services
 
 # Queue overview ------------------------------------------------------------------
 
 
-@page
+@page(roles.VIEW_QUEUES)
 def overview(request: HttpRequest) -> HttpResponse:
     data = snapshot.current()
     return render(
@@ -30,19 +31,19 @@ def overview(request: HttpRequest) -> HttpResponse:
     )
 
 
-@action
+@action(roles.PAUSE)
 def queue_pause(request: HttpRequest, name: str) -> HttpResponse:
     return _set_paused(request, name, paused=True)
 
 
-@action
+@action(roles.PAUSE)
 def queue_resume(request: HttpRequest, name: str) -> HttpResponse:
     return _set_paused(request, name, paused=False)
 
 
 def _set_paused(request: HttpRequest, name: str, *, paused: bool) -> HttpResponse:
     queue = get_object_or_404(Queue, name=name)
-    queue_services.update_queue(queue, paused=paused)
+    queue_services.set_paused(queue, paused=paused, actor=of_request(request))
     snapshot.invalidate()
     if paused:
         messages.success(request, f"Paused queue {name}: it accepts tasks and hands out none.")
@@ -52,6 +53,7 @@ def _set_paused(request: HttpRequest, name: str, *, paused: bool) -> HttpRespons
 
 
 @staff_member_required
+@requires(roles.PURGE)
 def queue_purge(request: HttpRequest, name: str) -> HttpResponse:
     """GET: the confirmation page; POST: cancel every pending, claimed and retry task."""
     queue = get_object_or_404(Queue, name=name)
@@ -59,7 +61,7 @@ def queue_purge(request: HttpRequest, name: str) -> HttpResponse:
         if request.POST.get("confirm", "").strip() != name:
             messages.error(request, "Type the queue's name to confirm the purge.")
             return redirect("dashboard:queue-purge", name=name)
-        cancelled = task_services.purge_queue(queue)
+        cancelled = task_services.purge_queue(queue, actor=of_request(request))
         snapshot.invalidate()
         messages.success(request, f"Purged queue {name}: {cancelled:,} tasks cancelled.")
         return redirect("dashboard:overview")

@@ -18,11 +18,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard import formatting as fmt
-from dashboard import queries, snapshot
+from dashboard import queries, roles, snapshot
 from dashboard.forms import TaskSearchForm
 from dashboard.views.base import action, back, not_found, page, pager
 from dlq.models import DeadLetterTask
 from queues.models import Queue
+from taskforge.audit.log import of_request
 from taskforge.lib.timeutil import isoformat
 from tasks import lifecycle
 from tasks import services as task_services
@@ -37,7 +38,7 @@ EVENTS_SHOWN = 500
 # Task inspector --------------------------------------------------------------------
 
 
-@page
+@page(roles.VIEW_TASKS)
 def tasks(request: HttpRequest) -> HttpResponse:
     form = TaskSearchForm(request.GET or None)
     result: queries.Page | None = None
@@ -115,7 +116,7 @@ def _heartbeat_rows(beats: list[datetime], timeout: float) -> list[dict[str, Any
     return rows
 
 
-@page
+@page(roles.VIEW_TASKS)
 def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     task = Task.objects.select_related("queue").filter(pk=task_id).first()
     if task is None:
@@ -180,7 +181,7 @@ def _watch_version(updated_at: datetime, heartbeat_at: datetime | None) -> str:
     return f"{isoformat(updated_at)}|{isoformat(heartbeat_at)}"
 
 
-@page
+@page(roles.VIEW_TASKS)
 def task_status(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
     """The task page polls this while the task is live, and reloads when it moved."""
     row = Task.objects.filter(pk=task_id).values("status", "updated_at", "heartbeat_at").first()
@@ -191,11 +192,11 @@ def task_status(request: HttpRequest, task_id: uuid.UUID) -> JsonResponse:
     )
 
 
-@action
+@action(roles.CANCEL)
 def task_cancel(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     default = reverse("dashboard:task", kwargs={"task_id": task_id})
     try:
-        task_services.cancel(task_id)
+        task_services.cancel(task_id, actor=of_request(request))
     except task_services.UnknownTask:
         messages.error(request, "No such task.")
     except InvalidTransition:

@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard import formatting as fmt
+from dashboard import roles
 from dashboard.views.base import page
 from tasks.models import lease_timeout
 from workers.models import Worker, current_tasks
@@ -25,7 +26,7 @@ ANY_TASK = "00000000-0000-0000-0000-000000000000"
 # Workers ---------------------------------------------------------------------------
 
 
-@page
+@page(roles.VIEW_WORKERS)
 def workers(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     # The same hour as GET /workers.

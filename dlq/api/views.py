@@ -24,6 +24,7 @@ from taskforge.api.fields import (
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import ADMIN
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, errors, page_of
+from taskforge.audit.log import of_request
 from taskforge.lib.timeutil import isoformat
 from tasks.api.serializers import TaskIdField, TaskSerializer, task_to_dict
 from tasks.api.views import parse_task_id
@@ -114,7 +115,9 @@ class DlqReplayOneView(QueueLookupMixin, APIView):
         tags=["dlq"],
     )
     def post(self, request: Request, name: str, task_id: str) -> Response:
-        task = services.replay_one(self.get_queue(), str(parse_task_id(task_id)))
+        task = services.replay_one(
+            self.get_queue(), str(parse_task_id(task_id)), actor=of_request(request)
+        )
         return Response(task_to_dict(task))
 
 
@@ -136,9 +139,11 @@ class DlqBulkReplayView(QueueLookupMixin, APIView):
         body = BulkReplaySerializer(data=request.data)
         body.is_valid(raise_exception=True)
         if body.validated_data.get("all"):
-            replayed = services.replay_all(queue)
+            replayed = services.replay_all(queue, actor=of_request(request))
         else:
-            replayed = services.replay_many(queue, body.validated_data["ids"])
+            replayed = services.replay_many(
+                queue, body.validated_data["ids"], actor=of_request(request)
+            )
         return Response({"replayed": replayed})
 
 
@@ -152,5 +157,5 @@ class DlqEntryView(QueueLookupMixin, APIView):
         tags=["dlq"],
     )
     def delete(self, request: Request, name: str, task_id: str) -> Response:
-        services.discard(self.get_queue(), str(parse_task_id(task_id)))
+        services.discard(self.get_queue(), str(parse_task_id(task_id)), actor=of_request(request))
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -9,6 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from queues import lookup, services
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
+from taskforge.audit.log import CLI
 from tasks import services as task_services
 
 pytestmark = pytest.mark.django_db
@@ -27,9 +28,9 @@ def test_lookup__remembers_rows_by_name_and_id() -> None:
 def test_lookup__a_change_in_this_process_shows_at_once() -> None:
     queue = QueueFactory(name="q", rate_limit=None)
     assert _named("q").rate_limit is None
-    services.update_queue(Queue.objects.get(pk=queue.pk), rate_limit=5, paused=True)
+    services.update_queue(Queue.objects.get(pk=queue.pk), rate_limit=5, paused=True, actor=CLI)
     assert (_named("q").rate_limit, _named("q").paused) == (5, True)
-    task_services.delete_queue(Queue.objects.get(pk=queue.pk))
+    task_services.delete_queue(Queue.objects.get(pk=queue.pk), actor=CLI)
     assert lookup.by_name("q") is None
     assert lookup.by_ids([queue.pk]) == {}
 

@@ -15,6 +15,7 @@ from queues.models import Queue
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import ADMIN, ANY_ROLE
 from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, error, errors, page_of
+from taskforge.audit.log import of_request
 from tasks import services
 
 
@@ -43,7 +44,7 @@ class QueueListView(APIView):
     def post(self, request: Request) -> Response:
         body = QueueCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        queue = queue_services.create_queue(**body.validated_data)
+        queue = queue_services.create_queue(**body.validated_data, actor=of_request(request))
         return Response(QueueSerializer(queue).data, status=status.HTTP_201_CREATED)
 
 
@@ -68,7 +69,7 @@ class QueueDetailView(QueueLookupMixin, APIView):
         queue = self.get_queue()
         body = QueuePatchSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        queue_services.update_queue(queue, **body.validated_data)
+        queue_services.update_queue(queue, **body.validated_data, actor=of_request(request))
         return Response(QueueSerializer(queue).data)
 
     @extend_schema(
@@ -80,7 +81,7 @@ class QueueDetailView(QueueLookupMixin, APIView):
         tags=["queues"],
     )
     def delete(self, request: Request, name: str) -> Response:
-        services.delete_queue(self.get_queue())
+        services.delete_queue(self.get_queue(), actor=of_request(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -94,7 +95,9 @@ class QueuePauseView(QueueLookupMixin, APIView):
         tags=["queues"],
     )
     def post(self, request: Request, name: str) -> Response:
-        queue = queue_services.update_queue(self.get_queue(), paused=self.paused)
+        queue = queue_services.set_paused(
+            self.get_queue(), paused=self.paused, actor=of_request(request)
+        )
         return Response(QueueSerializer(queue).data)
 
 
@@ -114,4 +117,5 @@ class QueuePurgeView(QueueLookupMixin, APIView):
         tags=["queues"],
     )
     def post(self, request: Request, name: str) -> Response:
-        return Response({"cancelled": services.purge_queue(self.get_queue())})
+        cancelled = services.purge_queue(self.get_queue(), actor=of_request(request))
+        return Response({"cancelled": cancelled})

@@ -16,6 +16,7 @@ from queues.models import Queue
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import PRODUCER
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
+from taskforge.audit.log import of_request
 from tasks import services
 from tasks.api.serializers import (
     EnqueueBatchSerializer,
@@ -161,7 +162,9 @@ class TaskDetailView(TaskLookupMixin, APIView):
         tags=["tasks"],
     )
     def delete(self, request: Request, name: str, task_id: str) -> Response:
-        task = services.cancel(parse_task_id(task_id), queue=self.get_queue())
+        task = services.cancel(
+            parse_task_id(task_id), queue=self.get_queue(), actor=of_request(request)
+        )
         return Response(task_to_dict(task))
 
 

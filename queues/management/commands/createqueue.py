@@ -11,6 +11,7 @@ from rest_framework.exceptions import ValidationError
 from queues import services
 from queues.api.serializers import QueueCreateSerializer, QueueSerializer
 from taskforge.api.exceptions import flatten_errors
+from taskforge.audit.log import CLI
 from taskforge.errors import TaskForgeError
 
 
@@ -34,7 +35,7 @@ class Command(BaseCommand):
         serializer = QueueCreateSerializer(data=body)
         try:
             serializer.is_valid(raise_exception=True)
-            queue = services.create_queue(**serializer.validated_data)
+            queue = services.create_queue(**serializer.validated_data, actor=CLI)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{field}: {' '.join(msgs)}" for field, msgs in flatten_errors(exc.detail).items()

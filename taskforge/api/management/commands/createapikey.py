@@ -6,7 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from taskforge.api.models import ApiKey, Role
+from taskforge.api import keys
+from taskforge.api.models import Role
+from taskforge.audit.log import CLI
 
 
 class Command(BaseCommand):
@@ -17,6 +19,6 @@ class Command(BaseCommand):
         parser.add_argument("--role", required=True, choices=Role.values)
 
     def handle(self, *args: Any, name: str, role: str, **options: Any) -> None:
-        _, key = ApiKey.issue(name=name, role=role)
+        _, key = keys.issue(name=name, role=role, actor=CLI)
         # The key alone on stdout, so scripts can capture it.
         self.stdout.write(key)

@@ -1,0 +1,43 @@
+"""Issuing and revoking API keys, each with its audit entry.
+
+`createapikey` and the Django admin act through these; `ApiKey.issue` alone
+writes no audit entry.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import QuerySet
+
+from taskforge.api.models import ApiKey
+from taskforge.audit.log import Actor, record
+from taskforge.audit.models import Action
+
+
+def issue(name: str, role: str, *, actor: Actor) -> tuple[ApiKey, str]:
+    """Create a key; return the row and the key itself, which is never stored."""
+    with transaction.atomic():
+        api_key, key = ApiKey.issue(name=name, role=role)
+        record(
+            actor,
+            Action.APIKEY_CREATE,
+            target=api_key.name,
+            details={"id": api_key.pk, "role": api_key.role},
+        )
+    return api_key, key
+
+
+def revoke(keys: QuerySet[ApiKey], *, actor: Actor) -> int:
+    """Revoke the keys not revoked yet among `keys`, one audit entry each; return how many."""
+    with transaction.atomic():
+        # Lock order: by id, so two revocations of overlapping sets cannot deadlock.
+        active = list(keys.filter(revoked=False).select_for_update().order_by("id"))
+        ApiKey.objects.filter(pk__in=[key.pk for key in active]).update(revoked=True)
+        for key in active:
+            record(
+                actor,
+                Action.APIKEY_REVOKE,
+                target=key.name,
+                details={"id": key.pk, "role": key.role},
+            )
+    return len(active)

@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class AuditConfig(AppConfig):
+    name = "taskforge.audit"
+    default_auto_field = "django.db.models.BigAutoField"
+    label = "audit"
+    verbose_name = "Audit log"
