@@ -7,7 +7,7 @@ REDIS_URL (`make test` starts throwaway ones when those are unset).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 import redis
@@ -20,6 +20,34 @@ from taskforge.api.health import forget_readiness
 from taskforge.api.models import ApiKey
 
 os.environ.setdefault("SECRET_KEY", "test-secret-key")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _flush_outlasts_live_services() -> Iterator[None]:
+    """Transactional tests empty the database with one TRUNCATE after each test.
+
+    Tests that run the service as processes (the SDK's, module-scoped) leave its
+    loops running meanwhile; a loop's write that takes its table locks in the
+    other order makes Postgres abort one side as a deadlock, sometimes the
+    TRUNCATE.  The flush then tries again (it is one transaction).
+    """
+    from django.db import OperationalError, connection
+
+    ops = connection.ops
+    flush = ops.execute_sql_flush
+
+    def execute_sql_flush(sql_list: Iterable[str]) -> None:
+        for attempt in range(5):
+            try:
+                return flush(sql_list)
+            except OperationalError as exc:
+                if "deadlock detected" not in str(exc) or attempt == 4:
+                    raise
+        return None
+
+    ops.execute_sql_flush = execute_sql_flush  # type: ignore[method-assign]
+    yield
+    ops.execute_sql_flush = flush  # type: ignore[method-assign]
 
 
 @pytest.fixture(autouse=True)
