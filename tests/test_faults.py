@@ -1,6 +1,6 @@
 """The dispatch engine's promises (API.md), proven against real processes.
 
-The whole service runs as OS processes (gunicorn with two workers,
+The whole service runs as OS processes (run_api with two processes,
 run_dispatcher, run_scheduler, run_watchdog; see tests/service.py) against
 the test database and the Redis db of REDIS_URL, with its knobs turned down
 (tests/service.py: FAST_KNOBS) so leases expire in 2 s and the buffer
@@ -16,6 +16,7 @@ task events in Postgres, whose chains must follow the lifecycle of API.md.
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 import math
@@ -41,7 +42,7 @@ from django.db import connection
 from dlq.models import DeadLetterTask
 from taskforge.api.models import ApiKey
 from tasks.models import Task, TaskEvent
-from tests.service import LOOPS, Api, Service, database_url
+from tests.service import API, LOOPS, Api, Service, database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -1206,3 +1207,114 @@ def test_dlq__dead_tasks_replayed_to_completion(shared_service: Service, api: Cl
     histories = check_histories("mortal")
     replayed = [h for h in histories.values() if ("dead", "pending", None, 0) in h]
     assert len(replayed) == 20
+
+
+# -- several API hosts and loop copies ------------------------------------------------------
+
+
+class FailoverWorker:
+    """A worker behind a load balancer of two API hosts: a connection refused or reset by
+    one host (it died) sends the same request to the other, as a balancer would."""
+
+    def __init__(self, urls: list[str], key: str, worker_id: str) -> None:
+        self.workers = [Worker(url, key, worker_id) for url in urls]
+        self.id = worker_id
+        self.lost_answers = 0  # requests whose answer died with a host
+
+    def call(self, verb: str, *args: Any, **kwargs: Any) -> Any:
+        for _ in range(10):
+            try:
+                return getattr(self.workers[0], verb)(*args, **kwargs)
+            except (OSError, http.client.HTTPException):
+                self.lost_answers += 1
+                self.workers.append(self.workers.pop(0))  # the other host
+        raise AssertionError(f"{self.id}: no host answers")
+
+
+@pytest.mark.timeout(240)
+def test_two_api_hosts__one_killed_mid_run_loses_no_task(
+    tmp_path: Path, redis_client: redis.Redis, transactional_db: None
+) -> None:
+    """Two API servers on two ports and two of each loop over one Postgres and Redis;
+    producers and workers spread over both; one API server SIGKILLed mid-run. Every task
+    ends done or dead, none is handed to two workers for one attempt, every event chain
+    follows the lifecycle, and a rate limit holds across both hosts."""
+    hosts: list[Service] = []
+    try:
+        for name in ("a", "b"):
+            (tmp_path / name).mkdir()
+            hosts.append(_start(tmp_path / name, {}))
+        keys = {role: ApiKey.issue(name=f"hosts-{role}", role=role)[1] for role in Roles}
+        urls = [svc.base_url for svc in hosts]
+        admin = Api(urls[0], keys["admin"])
+        admin.ok("POST", "/queues", {"name": "spread", "max_retries": 5})
+        admin.ok("POST", "/queues", {"name": "limited", "rate_limit": 10})
+        ledger = Ledger()
+        stopping = threading.Event()
+        total, limited_total = 600, 200
+
+        def work(worker: FailoverWorker, seed: int) -> None:
+            rng = random.Random(seed)
+            while not stopping.is_set():
+                tasks = worker.call("claim", ["spread", "limited"], max_tasks=2, wait_seconds=1)
+                ledger.handed(worker.id, tasks)
+                for task in tasks:
+                    roll = rng.random()
+                    if roll < 0.05:
+                        continue  # abandoned: the watchdogs reclaim it
+                    if roll < 0.15:
+                        ledger.answered("nack", worker.id, task, worker.call("nack", task))
+                    else:
+                        ledger.answered("ack", worker.id, task, worker.call("ack", task))
+
+        workers = [
+            FailoverWorker(urls[i % 2 :] + urls[: i % 2], keys["worker"], f"h{i}@hosts")
+            for i in range(8)
+        ]
+        threads = [
+            threading.Thread(target=work, args=(w, i), daemon=True) for i, w in enumerate(workers)
+        ]
+        for thread in threads:
+            thread.start()
+        # Producers on both hosts.
+        for index, url in enumerate(urls):
+            producer = Api(url, keys["producer"])
+            half = [{"payload": {"host": index, "n": n}} for n in range(total // 2)]
+            producer.ok("POST", "/queues/spread/tasks/batch", {"tasks": half})
+            some = [{"payload": {"n": n}} for n in range(limited_total // 2)]
+            producer.ok("POST", "/queues/limited/tasks/batch", {"tasks": some})
+
+        wait_for(lambda: terminal("spread") >= total * 0.3, 60, "30% of the tasks done")
+        hosts[0].kill(API)  # host a's API dies with requests in flight
+        killed_at = time.monotonic()
+        try:
+            wait_all_terminal("spread", total, 120)
+            wait_all_terminal("limited", limited_total, 60)
+        finally:
+            stopping.set()
+            for thread in threads:
+                thread.join(timeout=40)
+        print(f"finished {time.monotonic() - killed_at:.1f}s after the kill; {ledger.answers}")
+        print(f"answers lost with host a: {sum(w.lost_answers for w in workers)}")
+
+        counts = status_counts("spread")
+        assert counts["done"] + counts["dead"] == total, counts
+        assert not ledger.duplicates, f"handed out twice: {ledger.duplicates[:10]}"
+        wrong = {k: w for k, w in ledger.acked.items() if ledger.handouts.get(k) != w}
+        assert not wrong, f"acks that succeeded for a worker not holding the attempt: {wrong}"
+        check_histories("spread")  # hand-outs lost in transit are in the events, not the ledger
+        check_histories("limited")
+
+        # Rate limit 10/s across both hosts: over any T seconds at most 10*T + 10 hand-outs.
+        times = sorted(
+            event.at.timestamp()
+            for event in TaskEvent.objects.filter(queue__name="limited", to_status="executing")
+        )
+        for window in (1.0, 2.0, 5.0):
+            busiest = max(
+                sum(1 for t in times[i:] if t < start + window) for i, start in enumerate(times)
+            )
+            assert busiest <= 10 * window + 10, (window, busiest)
+    finally:
+        for svc in hosts:
+            _stop(svc)
