@@ -209,15 +209,13 @@ def _fire(schedule: Schedule, now: datetime) -> None:
     Schedule.objects.filter(pk=schedule.pk).update(
         next_run_at=following, last_run_at=fire_at, updated_at=now
     )
-    logger.info(
-        "schedule.fired",
-        extra={
-            "schedule": schedule.name,
-            "queue": schedule.queue.name,
-            "fire_at": isoformat(fire_at),
-            "next_run_at": isoformat(following),
-        },
-    )
+    line = {
+        "schedule": schedule.name,
+        "queue": schedule.queue.name,
+        "fire_at": isoformat(fire_at),
+        "next_run_at": isoformat(following),
+    }
+    transaction.on_commit(lambda: logger.info("schedule.fired", extra=line))
 
 
 def _next_after(schedule: Schedule, now: datetime) -> datetime:
