@@ -143,6 +143,8 @@ class ScheduleCreateSerializer(SchedulePatchSerializer):
 
 
 class ScheduleListView(QueueLookupMixin, APIView):
+    """A queue's cron schedules: each enqueues one task at every time its expression names."""
+
     roles = {"GET": ADMIN, "POST": ADMIN}
 
     @extend_schema(
@@ -191,6 +193,8 @@ class ScheduleListView(QueueLookupMixin, APIView):
 
 
 class ScheduleDetailView(QueueLookupMixin, APIView):
+    """One schedule, named in the path; a PATCH may change any field but `name`."""
+
     roles = {"GET": ADMIN, "PATCH": ADMIN, "DELETE": ADMIN}
 
     @extend_schema(
