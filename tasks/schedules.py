@@ -18,10 +18,10 @@ scheduler that finds it in the past fires the latest time at or before now.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from queues.exceptions import UnknownQueue
@@ -36,6 +36,8 @@ from tasks.models import Schedule
 logger = logging.getLogger(__name__)
 
 FIRE_BATCH = 100
+# A schedule whose firing raised is tried again this much later.
+RETRY_FAILED = timedelta(minutes=1)
 # What the API may change; `name` is fixed at creation.
 CHANGEABLE = frozenset({"cron", "timezone", "payload", "priority", "max_retries", "paused"})
 
@@ -180,7 +182,24 @@ def fire_due(now: datetime | None = None, *, limit: int = FIRE_BATCH) -> int:
             .order_by("next_run_at")[:limit]
         )
         for schedule in due:
-            _fire(schedule, now)
+            try:
+                with transaction.atomic():
+                    _fire(schedule, now)
+            except DatabaseError:
+                raise  # the connection or the transaction is gone: the tick fails
+            except Exception as exc:
+                # A schedule that cannot fire (its time zone left the system's tz
+                # database, say) must not stop the others or crash-loop the
+                # scheduler: it tries again later.
+                logger.exception(
+                    "schedule.fire_failed",
+                    extra={
+                        "schedule": schedule.name,
+                        "queue": schedule.queue.name,
+                        "error": repr(exc),
+                    },
+                )
+                Schedule.objects.filter(pk=schedule.pk).update(next_run_at=now + RETRY_FAILED)
     return len(due)
 
 

@@ -187,3 +187,19 @@ def test_fire_due__tasks_are_ordinary_due_tasks_of_the_queue() -> None:
     assert task.scheduled_at <= timezone.now()
     first = task.events.order_by("id").first()
     assert first is not None and first.to_status == S.PENDING
+
+
+def test_fire_due__a_schedule_that_cannot_fire_does_not_stop_the_others() -> None:
+    broken = ScheduleFactory(name="broken")
+    healthy = ScheduleFactory(name="healthy")
+    at = utc(2030, 1, 1, 10)
+    Schedule.objects.filter(pk__in=[broken.pk, healthy.pk]).update(next_run_at=at)
+    Schedule.objects.filter(pk=broken.pk).update(timezone="Gone/Away")
+
+    assert schedules.fire_due(at) == 2
+
+    assert list(Task.objects.values_list("idempotency_key", flat=True)) == [
+        schedules.idempotency_key(healthy, at)
+    ]
+    broken.refresh_from_db()
+    assert broken.next_run_at == at + schedules.RETRY_FAILED
