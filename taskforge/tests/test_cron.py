@@ -39,6 +39,8 @@ def fires(expression: str, zone: ZoneInfo, after: datetime, count: int) -> list[
         "@weekly",
         "@monthly",
         "@yearly",
+        "@annually",
+        "@midnight",
         "@Daily",
     ],
 )

@@ -83,6 +83,14 @@ def test_create__all_fields_in_a_time_zone(admin_client: APIClient) -> None:
     assert (local.hour, local.minute) == (9, 0) and local.weekday() < 5
 
 
+def test_create__stores_the_expression_normalised(admin_client: APIClient) -> None:
+    QueueFactory(name="q")
+    for name, sent, stored in [("a", "@Daily", "@daily"), ("b", " 0  3 * * * ", "0 3 * * *")]:
+        body = {"name": name, "cron": sent, "payload": 1}
+        response = admin_client.post("/queues/q/schedules", body, format="json")
+        assert response.json()["cron"] == stored
+
+
 def test_create__existing_name_is_409(admin_client: APIClient) -> None:
     schedule = ScheduleFactory(name="nightly")
     response = admin_client.post(
