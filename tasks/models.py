@@ -247,4 +247,9 @@ class Schedule(models.Model):
         """
         if self.next_run_at > now:
             return self.next_run_at
-        return cron.next_after(self.cron, cron.parse_timezone(self.timezone), now)
+        try:
+            return cron.next_after(self.cron, cron.parse_timezone(self.timezone), now)
+        except cron.CronError:
+            # The zone left the system's tz database: show where the pointer
+            # is (the scheduler logs why it cannot fire).
+            return self.next_run_at

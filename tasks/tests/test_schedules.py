@@ -203,3 +203,11 @@ def test_fire_due__a_schedule_that_cannot_fire_does_not_stop_the_others() -> Non
     ]
     broken.refresh_from_db()
     assert broken.next_run_at == at + schedules.RETRY_FAILED
+
+
+def test_upcoming_run_at__a_schedule_that_cannot_fire_shows_its_pointer() -> None:
+    schedule = ScheduleFactory()
+    at = utc(2020, 1, 1)
+    Schedule.objects.filter(pk=schedule.pk).update(next_run_at=at, timezone="Gone/Away")
+    schedule.refresh_from_db()
+    assert schedule.upcoming_run_at(timezone.now()) == at
