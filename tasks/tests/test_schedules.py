@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -211,3 +212,44 @@ def test_upcoming_run_at__a_schedule_that_cannot_fire_shows_its_pointer() -> Non
     Schedule.objects.filter(pk=schedule.pk).update(next_run_at=at, timezone="Gone/Away")
     schedule.refresh_from_db()
     assert schedule.upcoming_run_at(timezone.now()) == at
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_delete_queue__while_a_schedule_fires_waits_for_it_without_a_deadlock() -> None:
+    from django.db import transaction
+
+    from queues.exceptions import QueueNotEmpty
+    from tasks import services
+
+    schedule = ScheduleFactory()
+    queue = schedule.queue
+    holding = threading.Event()
+    deleting = threading.Event()
+    errors: list[BaseException] = []
+
+    def scheduler() -> None:
+        # What fire_due does: the schedule's row, then the enqueue into its queue.
+        try:
+            with transaction.atomic():
+                Schedule.objects.select_for_update(no_key=True).get(pk=schedule.pk)
+                holding.set()
+                deleting.wait(5)
+                time.sleep(0.3)  # the delete is waiting on us by now
+                services.enqueue(queue, [services.TaskSpec(payload=1)])
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=scheduler)
+    thread.start()
+    assert holding.wait(5)
+    deleting.set()
+    started = time.monotonic()
+    with pytest.raises(QueueNotEmpty):
+        services.delete_queue(queue)  # the fired task is live: 409, nothing deleted
+    thread.join(10)
+    assert errors == []
+    assert time.monotonic() - started < 1.0  # no deadlock_timeout (1 s) was waited out
+    assert Schedule.objects.filter(pk=schedule.pk).exists()
