@@ -67,7 +67,9 @@ class SchedulerLoop(Loop):
             worked = True
         if self._late_since is not None:
             # A delayed task committed after its own time had passed here.
-            self._checked_until = min(self._checked_until or now, self._late_since)
+            # (A millisecond earlier: the NOTIFY's time went through a float.)
+            since = self._late_since - timedelta(milliseconds=1)
+            self._checked_until = min(self._checked_until or now, since)
             self._late_since = None
             self.announce_due_delayed(now)
         elif delayed_at is not None and delayed_at <= now:

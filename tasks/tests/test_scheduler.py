@@ -163,3 +163,24 @@ def test_fail__tells_the_schedulers_when_the_retry_is_due() -> None:
         payloads = [n.payload for n in listener.notifies(timeout=0.5, stop_after=1)]
     due = Task.objects.get(pk=task.pk).scheduled_at
     assert payloads == [f"{due.timestamp():.6f}"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_tick__a_delayed_task_committed_after_its_time_is_still_announced() -> None:
+    """Its NOTIFY names a time already past here; the tick looks back to it."""
+    queue = QueueFactory()
+    loop = _idle_loop()
+    due = timezone.now() - timedelta(milliseconds=50)
+    loop._checked_until = timezone.now()  # a tick ran after `due`, before the commit
+    TaskFactory(queue=queue, scheduled_at=timezone.now())  # due: not what is looked for
+    with _raw_connection() as listener:
+        listener.execute("LISTEN taskforge_dispatch")
+        Task.objects.filter(queue=queue).update(scheduled_at=due)
+        with _raw_connection() as other:
+            other.execute("SELECT pg_notify('taskforge_scheduler', %s)", [f"{due.timestamp():.6f}"])
+        _wait_seconds(loop, 0.2)
+        assert loop._late_since is not None
+        loop.tick()
+        payloads = [n.payload for n in listener.notifies(timeout=1, stop_after=1)]
+    assert payloads == [str(queue.id)]
