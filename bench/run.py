@@ -11,7 +11,9 @@ load-generator processes over HTTP, and prints a readable table and one JSON lin
    batcher one task at a time, `Worker` processes (the `sdk` phase);
 4. enqueue-to-claim latency with one idle long-polling worker (`wait_seconds` 5): from just
    before the enqueue request is sent until the claim response arrives;
-5. an idle fleet (`fleet`): a thousand workers long-polling, and what that leaves of the
+5. scheduled precision (`scheduled`): delayed tasks handed to an idle long-polling worker,
+   hand-out time minus `scheduled_at`;
+6. an idle fleet (`fleet`): a thousand workers long-polling, and what that leaves of the
    API for everyone else (/healthz and enqueue p99, delivery to the fleet, API memory).
 
 Each figure is measured over several runs (median, min, max); the CPU each component used
@@ -40,6 +42,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import random
 import shutil
 import signal
 import socket
@@ -52,6 +55,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +77,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "e2e_single": (">=", 400, "tasks/s"),
     "latency_p50": ("<=", 5.0, "ms"),
     "latency_p99": ("<=", 25.0, "ms"),
+    # Issue 15: a delayed task handed out at most this long after its `scheduled_at`.
+    "scheduled_p99": ("<=", 100.0, "ms"),
 }
 
 PAYLOAD = {"job": "bench", "args": [1, 2, 3], "note": "x" * 40}
@@ -601,6 +607,93 @@ def load_latency(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
             "problems": problems[:5],
             "client_cpu_share": cpu / elapsed if elapsed else 0.0,
             "timeline": timeline,
+        }
+    )
+
+
+def load_scheduled(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """One idle long-polling worker; one producer enqueues one delayed task at a time.
+
+    Each task is due `lead` to `lead + spread` seconds after its enqueue (spread out so
+    the due times fall anywhere between the loops' ticks); the figure is the hand-out
+    time (the task's `claimed_at`, the server's clock) minus its `scheduled_at`, and the
+    arrival of the claim response minus `scheduled_at`.
+    """
+    _child_init()
+    address, key, queue = tuple(cfg["address"]), cfg["key"], cfg["queue"]
+    samples, lead, spread = cfg["samples"], cfg["lead_s"], cfg["spread_s"]
+    producer, worker = Client(address, key), Client(address, key)
+    producer.conn.connect()
+    worker.conn.connect()
+    claim_body = json.dumps(
+        {"worker_id": "bench-scheduled", "queues": [queue], "max_tasks": 1, "wait_seconds": 5}
+    ).encode()
+    arrived = threading.Event()
+    claimed: list[tuple[dict[str, Any], float]] = []
+    problems: list[str] = []
+    _wait_go(shared)
+
+    def work() -> None:
+        while not shared.stop.is_set():
+            status, data = worker.post("/workers/claim", claim_body)
+            wall = time.time()
+            tasks = json.loads(data)["tasks"] if status == 200 else []
+            if status != 200:
+                problems.append(f"claim answered {status}")
+                time.sleep(0.05)
+            if not tasks:
+                continue
+            claimed.append((tasks[0], wall))
+            arrived.set()
+            body = {"worker_id": "bench-scheduled", "task_id": tasks[0]["id"]}
+            worker.post("/workers/ack", json.dumps(body).encode())
+
+    def epoch(text: str) -> float:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    handed: list[float] = []
+    received: list[float] = []
+    rng = random.Random(15)
+    cpu_before = time.process_time()
+    started = time.monotonic()
+    for _ in range(samples):
+        if shared.stop.is_set():
+            break
+        arrived.clear()
+        claimed.clear()
+        due = datetime.fromtimestamp(time.time() + lead + rng.random() * spread, tz=UTC)
+        body = {"payload": PAYLOAD, "scheduled_at": due.isoformat().replace("+00:00", "Z")}
+        status, _ = producer.post(f"/queues/{queue}/tasks", json.dumps(body).encode())
+        if status != 201:
+            problems.append(f"enqueue answered {status}")
+            continue
+        if not arrived.wait(lead + spread + 10):
+            problems.append("no claim within 10 s of the due time")
+            continue
+        task, wall = claimed[0]
+        scheduled = epoch(task["scheduled_at"])
+        handed.append(epoch(task["claimed_at"]) - scheduled)
+        received.append(wall - scheduled)
+    elapsed = time.monotonic() - started
+    cpu = time.process_time() - cpu_before
+    shared.stop.set()
+    thread.join(7)
+    handed.sort()
+    received.sort()
+    out.send(
+        {
+            "samples": len(handed),
+            "p50_ms": _pct(handed, 50) * 1000,
+            "p90_ms": _pct(handed, 90) * 1000,
+            "p99_ms": _pct(handed, 99) * 1000,
+            "max_ms": (handed[-1] if handed else float("nan")) * 1000,
+            "min_ms": (handed[0] if handed else float("nan")) * 1000,
+            "received_p50_ms": _pct(received, 50) * 1000,
+            "received_p99_ms": _pct(received, 99) * 1000,
+            "problems": problems[:5],
+            "client_cpu_share": cpu / elapsed if elapsed else 0.0,
         }
     )
 
@@ -1348,6 +1441,45 @@ class Bench:
             "runs": per_run,
         }
 
+    def phase_scheduled(self, runs: int) -> dict[str, Any]:
+        """Delayed tasks: hand-out time minus `scheduled_at` with an idle long-polling worker."""
+        args = self.args
+        per_run = []
+        for run in range(runs):
+            queue = self.new_queue("scheduled")
+            cfg = {
+                "queue": queue,
+                "samples": args.scheduled_samples,
+                "lead_s": 0.1,
+                "spread_s": 0.2,
+            }
+            expected = args.scheduled_samples * 0.25
+            window = min(expected, 5.0)
+            [result], cores, _ = self.run_load(
+                [(load_scheduled, cfg)], warmup=0.2, window=window, until_done=expected * 3 + 30
+            )
+            result["cores"] = finish_cores(cores, result["client_cpu_share"] * window, window)
+            self.retire_queue(queue)
+            self.settle(0.2)
+            per_run.append(result)
+            log(
+                f"scheduled run {run + 1}/{runs}: handed out p50 {result['p50_ms']:.1f} ms, "
+                f"p99 {result['p99_ms']:.1f} ms after scheduled_at ({result['samples']} samples)"
+            )
+            for problem in result["problems"]:
+                log(f"  scheduled: {problem}")
+        return {
+            "unit": "ms",
+            "samples_per_run": args.scheduled_samples,
+            "p50": summary([r["p50_ms"] for r in per_run]),
+            "p99": summary([r["p99_ms"] for r in per_run]),
+            "min": min((r["min_ms"] for r in per_run), default=float("nan")),
+            "max": max((r["max_ms"] for r in per_run), default=float("nan")),
+            "received_p99_ms": summary([r["received_p99_ms"] for r in per_run])["median"],
+            "cores": median_dict([r["cores"] for r in per_run]),
+            "runs": per_run,
+        }
+
     def latency_breakdown(self, timelines: list[tuple[str, float, float]]) -> dict[str, Any]:
         """Where the enqueue-to-claim time goes, from each task's events in Postgres.
 
@@ -1438,6 +1570,7 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
         "e2e_single": results.get("e2e_single", {}).get("median"),
         "latency_p50": results.get("latency", {}).get("p50", {}).get("median"),
         "latency_p99": results.get("latency", {}).get("p99", {}).get("median"),
+        "scheduled_p99": results.get("scheduled", {}).get("p99", {}).get("median"),
     }
     out = {}
     for name, (op, threshold, unit) in TARGETS.items():
@@ -1490,6 +1623,9 @@ def table(report: dict[str, Any]) -> str:
     if "latency" in res:
         row("enqueue->claim p50", res["latency"]["p50"], "ms", "latency_p50")
         row("enqueue->claim p99", res["latency"]["p99"], "ms", "latency_p99")
+    if "scheduled" in res:
+        row("scheduled_at->hand-out p50", res["scheduled"]["p50"], "ms")
+        row("scheduled_at->hand-out p99", res["scheduled"]["p99"], "ms", "scheduled_p99")
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -1510,7 +1646,8 @@ def table(report: dict[str, Any]) -> str:
         "CPU during the measured windows, in cores (median of runs; "
         f"{report['environment'].get('cpus')} cores = the whole machine):"
     )
-    for name in ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "sdk", "latency"):
+    phases = ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "sdk", "latency")
+    for name in (*phases, "scheduled"):
         if name in res:
             cores = res[name]["cores"]
             ranked = sorted(cores.items(), key=lambda item: -item[1])
@@ -1575,8 +1712,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
     p.add_argument(
         "--only",
-        default="enqueue,e2e,sdk,latency,fleet",
-        help="comma-separated phases: enqueue, e2e, sdk, latency, fleet (default all)",
+        default="enqueue,e2e,sdk,latency,scheduled,fleet",
+        help="comma-separated phases: enqueue, e2e, sdk, latency, scheduled, fleet (default all)",
     )
     p.add_argument("--window", type=float, default=3.0, help="measured seconds per run")
     p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before")
@@ -1596,6 +1733,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fleet", type=int, default=1000, help="idle long-polling workers")
     p.add_argument("--latency-samples", type=int, default=200)
     p.add_argument("--latency-gap", type=float, default=0.02, help="idle seconds before each")
+    p.add_argument("--scheduled-samples", type=int, default=60, help="delayed tasks per run")
     p.add_argument("--profile", metavar="DIR", help="one extra py-spy-recorded run per phase")
     p.add_argument("--json", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument("--keep-db", action="store_true", help=f"keep {BENCH_DB} afterwards")
@@ -1606,7 +1744,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
-    unknown = args.phases - {"enqueue", "e2e", "sdk", "latency", "fleet"}
+    unknown = args.phases - {"enqueue", "e2e", "sdk", "latency", "scheduled", "fleet"}
     if unknown:
         p.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     if args.runs < 1:
@@ -1657,6 +1795,8 @@ def main(argv: list[str] | None = None) -> int:
             results["sdk"] = bench.phase_sdk(args.runs)
         if "latency" in args.phases:
             results["latency"] = bench.phase_latency(args.runs, profile)
+        if "scheduled" in args.phases:
+            results["scheduled"] = bench.phase_scheduled(args.runs)
         if "fleet" in args.phases:
             results["fleet"] = bench.phase_fleet()
     except Interrupted as exc:

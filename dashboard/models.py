@@ -23,6 +23,7 @@ class Operation(models.Model):
             ("cancel_task", "Can cancel tasks"),
             ("replay_task", "Can replay dead tasks"),
             ("discard_task", "Can discard dead tasks"),
+            ("pause_schedule", "Can pause and resume schedules"),
         ]
 
     def __str__(self) -> str:

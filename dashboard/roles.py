@@ -18,6 +18,7 @@ VIEW_TASKS = "tasks.view_task"
 VIEW_DLQ = "dlq.view_deadlettertask"
 VIEW_WORKERS = "workers.view_worker"
 VIEW_AUDIT = "audit.view_auditentry"
+VIEW_SCHEDULES = "tasks.view_schedule"
 
 # The operator actions (`dashboard.models.Operation`).
 PAUSE = "dashboard.pause_queue"  # pause and resume
@@ -25,6 +26,7 @@ PURGE = "dashboard.purge_queue"
 CANCEL = "dashboard.cancel_task"
 REPLAY = "dashboard.replay_task"
 DISCARD = "dashboard.discard_task"
+PAUSE_SCHEDULE = "dashboard.pause_schedule"  # pause and resume
 
 VIEW = (
     VIEW_QUEUES,
@@ -34,10 +36,12 @@ VIEW = (
     VIEW_WORKERS,
     "api.view_apikey",
     VIEW_AUDIT,
+    VIEW_SCHEDULES,
 )
-OPERATE = (PAUSE, PURGE, CANCEL, REPLAY, DISCARD)
+OPERATE = (PAUSE, PURGE, CANCEL, REPLAY, DISCARD, PAUSE_SCHEDULE)
 
-# What each group holds; dashboard/migrations/0001_roles.py created them so.
+# What each group holds; dashboard/migrations/0001_roles.py created them so
+# (0002_schedule_roles added the schedules).
 GROUPS = {VIEWERS: VIEW, OPERATORS: VIEW + OPERATE}
 
 

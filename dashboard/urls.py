@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import path
 
 from dashboard import sse
-from dashboard.views import audit, dlq, queues, tasks, workers
+from dashboard.views import audit, dlq, queues, schedules, tasks, workers
 
 app_name = "dashboard"
 
@@ -26,4 +26,7 @@ urlpatterns = [
     path("dlq/<uuid:task_id>/discard", dlq.dlq_discard_one, name="dlq-discard-one"),
     path("workers/", workers.workers, name="workers"),
     path("audit/", audit.audit, name="audit"),
+    path("schedules/", schedules.schedules, name="schedules"),
+    path("schedules/<uuid:schedule_id>/pause", schedules.schedule_pause, name="schedule-pause"),
+    path("schedules/<uuid:schedule_id>/resume", schedules.schedule_resume, name="schedule-resume"),
 ]

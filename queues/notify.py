@@ -1,4 +1,4 @@
-"""Waking the dispatchers: Postgres NOTIFY on one channel, whose payload is a queue id.
+"""Waking the loops: Postgres NOTIFY to the dispatchers (payload: a queue id) and schedulers.
 
 Whatever makes a queue's tasks dispatchable (an enqueue, a retry coming due,
 a replay, a resumed queue) sends it; the dispatchers LISTEN.  A NOTIFY is
@@ -9,6 +9,7 @@ the change is visible.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from django.db import connection
@@ -23,3 +24,18 @@ def wake_dispatchers(queue_ids: Iterable[Any]) -> None:
     with connection.cursor() as cursor:
         for queue_id in sorted({str(queue_id) for queue_id in queue_ids}):
             cursor.execute(NOTIFY_DISPATCH, {"queue_id": queue_id})
+
+
+# The scheduler sleeps until the next due time it knows of (a delayed task,
+# a retry, a schedule's next fire).  Whatever makes a time due that it may not
+# know of sends that time, as Unix seconds, on this channel; a scheduler
+# woken by an earlier time than it waits for wakes then instead.
+SCHEDULER_CHANNEL = "taskforge_scheduler"
+
+NOTIFY_SCHEDULER = f"SELECT pg_notify('{SCHEDULER_CHANNEL}', %(at)s)"
+
+
+def wake_scheduler(at: datetime) -> None:
+    """NOTIFY the schedulers that something comes due at `at`; on commit inside atomic()."""
+    with connection.cursor() as cursor:
+        cursor.execute(NOTIFY_SCHEDULER, {"at": f"{at.timestamp():.6f}"})

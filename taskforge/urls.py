@@ -9,6 +9,7 @@ from dlq.api import views as dlq_views
 from taskforge.api import health
 from taskforge.audit import api as audit_views
 from tasks.api import queues as queue_views
+from tasks.api import schedules as schedule_views
 from tasks.api import views as task_views
 from workers.api import views as worker_views
 
@@ -36,6 +37,12 @@ urlpatterns: list[URLPattern | URLResolver] = [
         f"{Q}/tasks/<str:task_id>/events",
         task_views.TaskEventsView.as_view(),
         name="task-events",
+    ),
+    path(f"{Q}/schedules", schedule_views.ScheduleListView.as_view(), name="schedule-list"),
+    path(
+        f"{Q}/schedules/<str:schedule>",
+        schedule_views.ScheduleDetailView.as_view(),
+        name="schedule-detail",
     ),
     path(f"{Q}/dlq", dlq_views.DlqListView.as_view(), name="dlq-list"),
     path(f"{Q}/dlq/replay", dlq_views.DlqBulkReplayView.as_view(), name="dlq-replay-bulk"),

@@ -8,6 +8,11 @@ Examples::
     taskforge stats emails
     taskforge dlq list emails
     taskforge dlq replay emails ID [ID ...]    |  taskforge dlq replay emails --all
+    taskforge schedules create reports nightly '0 3 * * *' '{"n": 1}' --timezone Europe/Paris
+    taskforge schedules list reports  |  taskforge schedules show reports nightly
+    taskforge schedules pause reports nightly  |  taskforge schedules resume reports nightly
+    taskforge schedules update reports nightly --cron '30 3 * * *'
+    taskforge schedules delete reports nightly
 
 The server and key come from --url/--api-key or TASKFORGE_URL/TASKFORGE_API_KEY. An API
 error prints `{"error": {...}}` on stderr and exits 1 (2 for a usage error).
@@ -62,7 +67,76 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("queue")
     replay.add_argument("ids", nargs="*")
     replay.add_argument("--all", action="store_true")
+
+    schedules = sub.add_parser("schedules", help="cron schedules (admin)")
+    sched_sub = schedules.add_subparsers(dest="schedules_command", required=True)
+    sched_list = sched_sub.add_parser("list", help="a queue's schedules")
+    sched_list.add_argument("queue")
+    create = sched_sub.add_parser("create", help="add a schedule")
+    create.add_argument("queue")
+    create.add_argument("name")
+    create.add_argument("cron", help="5-field cron expression or @hourly, @daily, ...")
+    create.add_argument("payload", help="the payload of each task, as JSON")
+    create.add_argument("--timezone", help="IANA name (default UTC)")
+    create.add_argument("--priority", type=int)
+    create.add_argument("--max-retries", type=int)
+    create.add_argument("--paused", action="store_true", help="create it paused")
+    update = sched_sub.add_parser("update", help="change a schedule")
+    update.add_argument("queue")
+    update.add_argument("name")
+    update.add_argument("--cron")
+    update.add_argument("--timezone")
+    update.add_argument("--payload", help="as JSON")
+    update.add_argument("--priority", type=int)
+    update.add_argument("--max-retries", type=int)
+    for verb, text in [
+        ("show", "show a schedule"),
+        ("pause", "pause a schedule"),
+        ("resume", "resume a schedule (the latest missed time is enqueued once)"),
+        ("delete", "delete a schedule"),
+    ]:
+        one = sched_sub.add_parser(verb, help=text)
+        one.add_argument("queue")
+        one.add_argument("name")
     return parser
+
+
+def _run_schedules(args: argparse.Namespace, client: TaskForge) -> Any:
+    command = args.schedules_command
+    if command == "list":
+        return {"results": [s.raw for s in client.list_schedules(args.queue)]}
+    if command == "create":
+        return client.create_schedule(
+            args.queue,
+            args.name,
+            args.cron,
+            json.loads(args.payload),
+            timezone=args.timezone,
+            priority=args.priority,
+            max_retries=args.max_retries,
+            paused=True if args.paused else None,
+        ).raw
+    if command == "update":
+        changes: dict[str, Any] = {
+            "cron": args.cron,
+            "timezone": args.timezone,
+            "priority": args.priority,
+        }
+        if args.payload is not None:
+            changes["payload"] = json.loads(args.payload)
+        if args.max_retries is not None:
+            changes["max_retries"] = args.max_retries
+        return client.update_schedule(args.queue, args.name, **changes).raw
+    if command == "show":
+        return client.get_schedule(args.queue, args.name).raw
+    if command == "pause":
+        return client.pause_schedule(args.queue, args.name).raw
+    if command == "resume":
+        return client.resume_schedule(args.queue, args.name).raw
+    if command == "delete":
+        client.delete_schedule(args.queue, args.name)
+        return {"deleted": True}
+    raise AssertionError(args)  # pragma: no cover
 
 
 def _run(args: argparse.Namespace, client: TaskForge) -> Any:
@@ -94,6 +168,8 @@ def _run(args: argparse.Namespace, client: TaskForge) -> Any:
         if args.all:
             return {"replayed": client.replay_all(args.queue)}
         return {"replayed": client.replay_many(args.queue, args.ids)}
+    if args.command == "schedules":
+        return _run_schedules(args, client)
     raise AssertionError(args)  # pragma: no cover
 
 
@@ -110,9 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--url and --api-key (or TASKFORGE_URL and TASKFORGE_API_KEY) are required")
     if args.command == "dlq" and args.dlq_command == "replay" and bool(args.all) == bool(args.ids):
         parser.error("dlq replay: give task ids or --all (not both)")
-    if args.command == "enqueue":
+    payload = getattr(args, "payload", None)
+    if payload is not None:
         try:
-            json.loads(args.payload)
+            json.loads(payload)
         except ValueError as exc:
             parser.error(f"payload is not JSON: {exc}")
     with TaskForge(args.url, args.api_key, timeout=args.timeout) as client:

@@ -226,3 +226,40 @@ class Heartbeat:
             heartbeat_at=parse_time(data.get("heartbeat_at")),
             lease_expires_at=parse_time(data.get("lease_expires_at")),
         )
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A cron schedule: `GET /queues/:name/schedules/:schedule`."""
+
+    id: str
+    queue: str
+    name: str
+    cron: str
+    timezone: str
+    payload: Any
+    priority: int
+    max_retries: int | None
+    paused: bool
+    next_run_at: datetime | None
+    last_run_at: datetime | None
+    created_at: datetime | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Schedule:
+        return cls(
+            id=str(data["id"]),
+            queue=data["queue"],
+            name=data["name"],
+            cron=data["cron"],
+            timezone=data["timezone"],
+            payload=data.get("payload"),
+            priority=int(data["priority"]),
+            max_retries=data.get("max_retries"),
+            paused=bool(data.get("paused")),
+            next_run_at=parse_time(data.get("next_run_at")),
+            last_run_at=parse_time(data.get("last_run_at")),
+            created_at=parse_time(data.get("created_at")),
+            raw=data,
+        )

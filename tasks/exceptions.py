@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from taskforge.errors import TaskForgeError
+from taskforge.errors import NotFound, TaskForgeError
 
 
 class InvalidTransition(TaskForgeError):
@@ -8,3 +8,14 @@ class InvalidTransition(TaskForgeError):
 
     code = "invalid_state"
     status_code = 409
+
+
+class ScheduleExists(TaskForgeError):
+    """A schedule with this name exists already in this queue."""
+
+    code = "schedule_exists"
+    status_code = 409
+
+
+class UnknownSchedule(NotFound):
+    """No such schedule in this queue."""

@@ -13,11 +13,12 @@ from django.db.models import Q
 
 from queues.models import MAX_RETRIES_LIMIT, Queue
 from taskforge.conf import conf
+from taskforge.lib import cron
 from taskforge.lib.ids import uuid7
 from tasks import lifecycle
 from tasks.lifecycle import TaskStatus
 
-__all__ = ["Task", "TaskEvent", "TaskStatus", "lease_ends_at", "lease_timeout"]
+__all__ = ["Schedule", "Task", "TaskEvent", "TaskStatus", "lease_ends_at", "lease_timeout"]
 
 
 def lease_timeout() -> timedelta:
@@ -183,3 +184,72 @@ class TaskEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}: {self.from_status} -> {self.to_status}"
+
+
+class Schedule(models.Model):
+    """A cron schedule: enqueues a task into its queue at each fire time.
+
+    `next_run_at` is the next fire time the scheduler has not handled yet; it
+    stays put while the schedule is paused or no scheduler runs, so the most
+    recent missed time can be enqueued once on resume (`tasks.schedules`).
+    What the API shows as the next run is `upcoming_run_at()`.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    # Indexed by schedule_name_per_queue, which starts with it.
+    queue = models.ForeignKey(
+        Queue, on_delete=models.CASCADE, related_name="schedules", db_index=False
+    )
+    name = models.CharField(max_length=100)
+    cron = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64, default="UTC")
+    payload = models.JSONField()
+    priority = models.PositiveSmallIntegerField(default=5)
+    # NULL: the queue's max_retries at each fire.
+    max_retries = models.PositiveSmallIntegerField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    next_run_at = models.DateTimeField()
+    # The fire time of the last task this schedule enqueued.
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "name"], name="schedule_name_per_queue"),
+            models.CheckConstraint(
+                condition=Q(priority__gte=1, priority__lte=10), name="schedule_priority_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_retries__isnull=True)
+                | Q(max_retries__gte=0, max_retries__lte=MAX_RETRIES_LIMIT),
+                name="schedule_max_retries_range",
+            ),
+        ]
+        indexes = [
+            # Used by the scheduler (tasks.schedules.fire_due and
+            # sql.NEXT_DUE): running schedules by their next fire time.
+            models.Index(
+                fields=["next_run_at"], name="schedule_due_idx", condition=Q(paused=False)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def upcoming_run_at(self, now: datetime) -> datetime:
+        """The next fire time after `now` as a person reads it, paused or not.
+
+        The stored pointer while it is in the future; once it has passed (the
+        schedule is paused, or the scheduler has not run yet), the next time
+        the expression names after `now`.
+        """
+        if self.next_run_at > now:
+            return self.next_run_at
+        try:
+            return cron.next_after(self.cron, cron.parse_timezone(self.timezone), now)
+        except cron.CronError:
+            # The zone left the system's tz database: show where the pointer
+            # is (the scheduler logs why it cannot fire).
+            return self.next_run_at

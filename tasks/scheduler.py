@@ -1,27 +1,42 @@
-"""The scheduler: makes tasks whose `scheduled_at` has come dispatchable.
+"""The scheduler: makes tasks whose time has come dispatchable, on time.
 
-Every TASKFORGE_SCHEDULER_TICK_SECONDS it
+Each tick
 - promotes due `retry` tasks to `pending` (through `transitions.promote`,
   which notifies the dispatchers), in SKIP LOCKED batches;
 - notifies the dispatchers of queues whose delayed `pending` tasks came due
-  since its last tick, so they are buffered within one tick of their time.
+  since its last tick, so they are buffered at once;
+- fires the cron schedules that are due (`tasks.schedules.fire_due`).
+
+Between ticks it sleeps until the earliest time it knows something comes due
+(`sql.NEXT_DUE`: one query of three index probes), woken earlier by
+`NOTIFY taskforge_scheduler` from whatever makes an earlier time due (a
+delayed enqueue, a failed attempt, a new or resumed schedule), so a task is
+dispatchable within milliseconds of its time.  With nothing due it looks
+again every TASKFORGE_SCHEDULER_TICK_SECONDS with that one query, which also
+covers a wake-up lost to a broken connection.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from django.db import transaction
+import psycopg
+from django.db import connection, transaction
 from django.utils import timezone
 
-from queues.notify import wake_dispatchers
+from queues.notify import SCHEDULER_CHANNEL, wake_dispatchers
 from taskforge.conf import conf
-from taskforge.lib.loop import Loop
-from tasks import transitions
+from taskforge.lib.loop import SLEEP_SLICE, Loop
+from tasks import schedules, sql, transitions
 from tasks.models import Task, TaskStatus
 
 S = TaskStatus
 BATCH = 500
+# Something due that this tick could not take (another scheduler holds it):
+# look again this soon rather than at once.
+RECHECK = 0.02
 
 
 class SchedulerLoop(Loop):
@@ -30,19 +45,62 @@ class SchedulerLoop(Loop):
     def __init__(self) -> None:
         super().__init__()
         self._checked_until: datetime | None = None
+        # The earliest known time something comes due; None: look at the tick.
+        self._next_due: datetime | None = None
+        self._listening_on: object = None
+        # The earliest time a NOTIFY named that had already passed when it came.
+        self._late_since: datetime | None = None
 
     @property
     def interval(self) -> float:
         return conf.SCHEDULER_TICK_SECONDS
 
     def tick(self) -> bool:
-        busy = self.promote_due_retries()
-        self.announce_due_delayed()
-        return busy
-
-    def promote_due_retries(self) -> bool:
-        """retry -> pending for one batch of due tasks; True if the batch was full."""
+        """Do whatever is due; True when a batch was full (go again at once)."""
+        self._listen()  # before looking, so a NOTIFY sent meanwhile is not missed
         now = timezone.now()
+        due = self.next_due(now)
+        retry_at, delayed_at, schedule_at = due
+        busy = worked = False
+        if retry_at is not None and retry_at <= now:
+            busy = self.promote_due_retries(now)
+            worked = True
+        if self._late_since is not None:
+            # A delayed task committed after its own time had passed here.
+            # (A millisecond earlier: the NOTIFY's time went through a float.)
+            since = self._late_since - timedelta(milliseconds=1)
+            self._checked_until = min(self._checked_until or now, since)
+            self._late_since = None
+            self.announce_due_delayed(now)
+        elif delayed_at is not None and delayed_at <= now:
+            self.announce_due_delayed(now)
+            worked = True
+        else:
+            self._checked_until = now
+        if schedule_at is not None and schedule_at <= now:
+            busy = schedules.fire_due(now) == schedules.FIRE_BATCH or busy
+            worked = True
+        if busy:
+            self._next_due = None
+            return True
+        if worked:
+            due = self.next_due(timezone.now())  # what is left after the work
+        later = [t for t in due if t is not None]
+        self._next_due = min(later) if later else None
+        return False
+
+    def next_due(self, now: datetime) -> tuple[datetime | None, datetime | None, datetime | None]:
+        """(earliest retry, earliest delayed task not yet announced, earliest schedule)."""
+        since = self._checked_until or now - timedelta(seconds=max(self.interval, 1.0) * 2)
+        with connection.cursor() as cursor:
+            cursor.execute(sql.NEXT_DUE, {"since": since})
+            row = cursor.fetchone()
+        assert row is not None
+        return row[0], row[1], row[2]
+
+    def promote_due_retries(self, now: datetime | None = None) -> bool:
+        """retry -> pending for one batch of due tasks; True if the batch was full."""
+        now = now or timezone.now()
         with transaction.atomic():
             # Uses task_retry_due_idx.
             tasks = list(
@@ -54,9 +112,9 @@ class SchedulerLoop(Loop):
             transitions.promote(tasks, now=now)
         return len(tasks) == BATCH
 
-    def announce_due_delayed(self) -> None:
+    def announce_due_delayed(self, now: datetime | None = None) -> None:
         """NOTIFY for queues whose delayed pending tasks came due since the last check."""
-        now = timezone.now()
+        now = now or timezone.now()
         since = self._checked_until or now - timedelta(seconds=max(self.interval, 1.0) * 2)
         # Uses task_pending_sched_idx.
         queue_ids = (
@@ -66,3 +124,51 @@ class SchedulerLoop(Loop):
         )
         wake_dispatchers(queue_ids)
         self._checked_until = now
+
+    def wait(self, seconds: float) -> None:
+        """Sleep until the next due time, a NOTIFY of an earlier one, the tick, or a stop."""
+        deadline = time.monotonic() + seconds
+        if self._next_due is not None:
+            left = (self._next_due - timezone.now()).total_seconds()
+            deadline = min(deadline, time.monotonic() + max(left, RECHECK))
+        try:
+            pg = self._listen()
+            while not self.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                woken = False
+                for notice in pg.notifies(timeout=min(SLEEP_SLICE, left), stop_after=1):
+                    deadline = min(deadline, self._on_notice(notice.payload))
+                    woken = True
+                if woken:
+                    # Take whatever else already arrived, without waiting.
+                    for notice in pg.notifies(timeout=0.0):
+                        deadline = min(deadline, self._on_notice(notice.payload))
+        except Exception:
+            # The connection broke; the next tick reconnects. Sleep the rest.
+            connection.close()
+            self._listening_on = None
+            super().wait(max(0.0, deadline - time.monotonic()))
+
+    def _on_notice(self, payload: str) -> float:
+        """The monotonic time to wake for a NOTIFY's due time (Unix seconds)."""
+        try:
+            at = float(payload)
+        except ValueError:
+            return time.monotonic()  # not a time: look now
+        left = at - time.time()
+        if left <= 0:
+            due = datetime.fromtimestamp(at, tz=UTC)
+            if self._late_since is None or due < self._late_since:
+                self._late_since = due
+        return time.monotonic() + max(0.0, left)
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        connection.ensure_connection()
+        pg: psycopg.Connection[Any] = connection.connection
+        if self._listening_on is not pg:
+            with connection.cursor() as cursor:
+                cursor.execute(f"LISTEN {SCHEDULER_CHANNEL}")
+            self._listening_on = pg
+        return pg

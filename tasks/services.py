@@ -27,7 +27,7 @@ from taskforge.conf import conf
 from taskforge.errors import NotFound
 from tasks import transitions
 from tasks.buffer import get_buffer, score
-from tasks.models import Task, TaskStatus
+from tasks.models import Schedule, Task, TaskStatus
 
 logger = logging.getLogger(__name__)
 
@@ -280,6 +280,15 @@ def delete_queue(queue: Queue, *, actor: Actor) -> None:
         QueueNotEmpty: a live task (lifecycle.LIVE) remains.
     """
     with transaction.atomic():
+        # The queue's schedules go with it.  Lock them before the queue: a
+        # scheduler firing one holds its row while the enqueue references the
+        # queue, so the other order could deadlock with it.
+        list(
+            Schedule.objects.select_for_update()
+            .filter(queue=queue)
+            .order_by("id")
+            .values_list("pk", flat=True)
+        )
         # Lock the queue first (lock order: queue, then tasks) so no enqueue
         # slips in between the check and the delete.
         Queue.objects.select_for_update().get(pk=queue.pk)

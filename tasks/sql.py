@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from queues.notify import DISPATCH_CHANNEL
+from queues.notify import DISPATCH_CHANNEL, SCHEDULER_CHANNEL
 from tasks.lifecycle import Edge
 
 # The lease holder is worker_id *and* the claiming key (API.md v1.1): a guard
@@ -45,9 +45,11 @@ TASK_COLUMNS = """
 # `buffer` (due now, queue not paused) go on to claimed in the same statement,
 # with that event too, for the caller to push to Redis after commit: a fresh
 # task skips the dispatcher's hop.  Other due rows wake the dispatchers
-# (NOTIFY, delivered on commit).  Params: queue_id, now, ids (uuid[]),
-# payloads (jsonb as text[]), priorities, scheduled (timestamptz[]),
-# max_retries, keys (text[], NULL for none), buffer (bool[]), notify (bool).
+# (NOTIFY, delivered on commit); the earliest task due later, if any, wakes
+# the schedulers for its time (`wake_at`, Unix seconds as text, or NULL).
+# Params: queue_id, now, ids (uuid[]), payloads (jsonb as text[]),
+# priorities, scheduled (timestamptz[]), max_retries, keys (text[], NULL for
+# none), buffer (bool[]), notify (bool), wake_at (text or NULL).
 CREATE = Statement(
     "create",
     frozenset({(None, "pending"), ("pending", "claimed")}),
@@ -72,6 +74,8 @@ WITH new AS (
     WHERE status = 'claimed'
 )
 SELECT pg_notify('{DISPATCH_CHANNEL}', %(queue_id)s::text) WHERE %(notify)s
+UNION ALL
+SELECT pg_notify('{SCHEDULER_CHANNEL}', %(wake_at)s::text) WHERE %(wake_at)s::text IS NOT NULL
 """,
 )
 
@@ -179,3 +183,17 @@ WITH items AS (
 SELECT * FROM moved
 """,
 )
+
+# -- next_due --
+# When the scheduler next has work: the earliest retry (task_retry_due_idx),
+# the earliest delayed pending task after `since` (task_pending_sched_idx) and
+# the earliest running schedule (schedule_due_idx), each one index probe.
+# The scheduler sleeps until the earliest of them (tasks.scheduler).
+# Params: since.
+NEXT_DUE = """
+SELECT
+    (SELECT min(scheduled_at) FROM tasks_task WHERE status = 'retry'),
+    (SELECT min(scheduled_at) FROM tasks_task
+     WHERE status = 'pending' AND scheduled_at > %(since)s),
+    (SELECT min(next_run_at) FROM tasks_schedule WHERE NOT paused)
+"""

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from queues import lookup
 from queues.models import Queue
-from queues.notify import wake_dispatchers
+from queues.notify import wake_dispatchers, wake_scheduler
 from taskforge import metrics
 from taskforge.lib import internals, jsonutil, pg
 from taskforge.lib.ids import uuid7
@@ -124,6 +124,7 @@ def create(
                     "notify": any(
                         task.status == S.PENDING and task.scheduled_at <= now for task in group
                     ),
+                    "wake_at": _earliest_later(group, now),
                 },
             )
     created = [_line(t.pk, t.queue.name, None, None, S.PENDING, 0, None) for t in stored]
@@ -136,6 +137,12 @@ def create(
     if moved:
         transaction.on_commit(lambda: _log("task.buffered", moved))
     return stored
+
+
+def _earliest_later(tasks: Sequence[Task], now: datetime) -> str | None:
+    """Unix seconds of the earliest task due after `now`, for the schedulers' wake-up."""
+    later = [task.scheduled_at for task in tasks if task.scheduled_at > now]
+    return f"{min(later).timestamp():.6f}" if later else None
 
 
 # Task's fields in from_db order, and where create() puts each value.
@@ -308,6 +315,7 @@ def fail(
         due = now + timedelta(seconds=retry_after_seconds)
     else:
         due = next_attempt_at(now, task.attempts)
+    wake_scheduler(due)  # the retry is due then: the scheduler promotes it on time
     _move(
         [task],
         S.RETRY,

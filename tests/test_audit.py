@@ -83,6 +83,30 @@ def test_api__queue_create_pause_resume_purge_delete_are_recorded(
 
 
 @pytest.mark.django_db
+def test_api__schedule_create_update_delete_are_recorded(admin_client: APIClient) -> None:
+    QueueFactory(name="q")
+    body = {"name": "nightly", "cron": "0 3 * * *", "payload": {"report": True}}
+    assert admin_client.post("/queues/q/schedules", body, format="json").status_code == 201
+    changed = {"cron": "0 4 * * *", "paused": True}
+    assert (
+        admin_client.patch("/queues/q/schedules/nightly", changed, format="json").status_code == 200
+    )
+    admin_client.patch("/queues/q/schedules/nightly", changed, format="json")  # no change
+    assert admin_client.delete("/queues/q/schedules/nightly").status_code == 204
+
+    assert entries() == [
+        entry("schedule.create", "q", "nightly", cron="0 3 * * *", timezone="UTC", paused=False),
+        entry(
+            "schedule.update",
+            "q",
+            "nightly",
+            changed={"cron": ["0 3 * * *", "0 4 * * *"], "paused": [False, True]},
+        ),
+        entry("schedule.delete", "q", "nightly"),
+    ]
+
+
+@pytest.mark.django_db
 def test_api__patch_records_pause_and_the_other_changed_fields(admin_client: APIClient) -> None:
     QueueFactory(name="q", max_retries=3, rate_limit=None)
 

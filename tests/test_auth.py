@@ -24,8 +24,8 @@ from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge import urls
 from taskforge.api.models import ApiKey
-from tasks.models import Task, TaskEvent
-from tasks.tests.factories import TaskFactory
+from tasks.models import Schedule, Task, TaskEvent
+from tasks.tests.factories import ScheduleFactory, TaskFactory
 from tests.helpers import assert_error
 
 pytestmark = pytest.mark.django_db
@@ -80,6 +80,23 @@ ENDPOINTS = [
     Endpoint("POST", "/queues/{queue}/dlq/replay", ADMINS, None, {"all": True}),
     Endpoint("POST", "/queues/{queue}/dlq/{task}/replay", ADMINS, None),
     Endpoint("DELETE", "/queues/{queue}/dlq/{task}", ADMINS, None),
+    Endpoint("GET", "/queues/{queue}/schedules", ADMINS, status.HTTP_200_OK),
+    Endpoint(
+        "POST",
+        "/queues/{queue}/schedules",
+        ADMINS,
+        status.HTTP_201_CREATED,
+        {"name": "hourly", "cron": "@hourly", "payload": 1},
+    ),
+    Endpoint("GET", "/queues/{queue}/schedules/{schedule}", ADMINS, status.HTTP_200_OK),
+    Endpoint(
+        "PATCH",
+        "/queues/{queue}/schedules/{schedule}",
+        ADMINS,
+        status.HTTP_200_OK,
+        {"paused": True},
+    ),
+    Endpoint("DELETE", "/queues/{queue}/schedules/{schedule}", ADMINS, status.HTTP_204_NO_CONTENT),
     Endpoint("GET", "/workers", ADMINS, None),
     Endpoint("GET", "/audit", ADMINS, status.HTTP_200_OK),
     Endpoint("POST", "/workers/claim", WORKERS, None, {"worker_id": "w", "queues": ["auth-empty"]}),
@@ -118,7 +135,8 @@ def paths(redis_client: Any) -> dict[str, str]:
     """A queue holding a pending task, and an empty queue; Redis starts empty."""
     task = TaskFactory(queue=QueueFactory(name="auth-q"))
     QueueFactory(name="auth-empty")
-    return {"queue": "auth-q", "empty": "auth-empty", "task": str(task.id)}
+    ScheduleFactory(queue=task.queue, name="nightly")
+    return {"queue": "auth-q", "empty": "auth-empty", "task": str(task.id), "schedule": "nightly"}
 
 
 def send(client: APIClient, endpoint: Endpoint, paths: dict[str, str]) -> Response:
@@ -135,6 +153,7 @@ def snapshot() -> tuple[Any, ...]:
         sorted(Queue.objects.values_list("name", "max_retries", "rate_limit", "paused")),
         sorted(Task.objects.values_list("id", "status")),
         TaskEvent.objects.count(),
+        sorted(Schedule.objects.values_list("name", "paused")),
     )
 
 

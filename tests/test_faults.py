@@ -24,6 +24,8 @@ import random
 import signal
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -1318,3 +1320,67 @@ def test_two_api_hosts__one_killed_mid_run_loses_no_task(
     finally:
         for svc in hosts:
             _stop(svc)
+
+
+@pytest.mark.timeout(90)
+def test_schedules__three_schedulers_one_killed_make_one_task_per_fire_time(
+    service: Service, api: Clients, tmp_path: Path
+) -> None:
+    """Issue 15: any number of schedulers (one SIGKILLed mid-run) fire each time once."""
+    from django.utils import timezone
+
+    from tasks.models import Schedule
+
+    create_queue(api, "cron")
+    names = [f"every-{n}" for n in range(24)]
+    for name in names:
+        api.admin.ok(
+            "POST", "/queues/cron/schedules", {"name": name, "cron": "0 0 1 1 *", "payload": name}
+        )
+    extra: list[subprocess.Popen[bytes]] = []
+    logs = []
+    try:
+        for n in range(2):
+            log = (tmp_path / f"scheduler-extra-{n}.log").open("wb")
+            logs.append(log)
+            extra.append(
+                subprocess.Popen(
+                    [sys.executable, "manage.py", "run_scheduler"],
+                    cwd=Path(__file__).resolve().parents[1],
+                    env=service.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        time.sleep(2.0)  # all three up and idle
+        # Every schedule due now, with three missed years behind it: one task
+        # each, for the latest fire time (this year's).
+        fire_at = timezone.now().replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
+        Schedule.objects.filter(queue__name="cron").update(
+            next_run_at=fire_at.replace(year=fire_at.year - 3)
+        )
+        time.sleep(0.05)
+        extra[0].kill()  # wherever it was
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if Task.objects.filter(queue__name="cron").count() >= len(names):
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)  # time for any duplicate to appear
+    finally:
+        for proc in extra:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+        for log in logs:
+            log.close()
+    keys = Counter(
+        Task.objects.filter(queue__name="cron").values_list("idempotency_key", flat=True)
+    )
+    schedules = {s.name: s for s in Schedule.objects.filter(queue__name="cron")}
+    assert len(keys) == len(names) and set(keys.values()) == {1}, keys
+    for name, schedule in schedules.items():
+        assert schedule.last_run_at == fire_at, name
+        assert schedule.next_run_at == fire_at.replace(year=fire_at.year + 1), name
+    service.assert_running()

@@ -19,8 +19,8 @@ from rest_framework.test import APIClient
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge.audit.models import AuditEntry
-from tasks.models import Task, TaskEvent
-from tasks.tests.factories import TaskFactory
+from tasks.models import Schedule, Task, TaskEvent
+from tasks.tests.factories import ScheduleFactory, TaskFactory
 from tests.helpers import send_raw
 
 if TYPE_CHECKING:
@@ -35,6 +35,8 @@ TASKS = "/queues/{queue}/tasks"
 BATCH = "/queues/{queue}/tasks/batch"
 TASK = "/queues/{queue}/tasks/{task}"
 EVENTS = "/queues/{queue}/tasks/{task}/events"
+SCHEDULES = "/queues/{queue}/schedules"
+SCHEDULE = "/queues/{queue}/schedules/{schedule}"
 
 
 @dataclass(frozen=True)
@@ -655,12 +657,95 @@ CASES += [
 ]
 
 
+# --- schedules: POST /queues/:name/schedules, PATCH and the paths ---------------
+CRON = {"name": "new", "cron": "@daily", "payload": 1}
+CASES += [
+    invalid("POST", SCHEDULES, {**CRON, "name": v}, ("name",), f"create schedule: name {k}")
+    for k, v in {**NOT_A_STRING, "empty": "", "slash": "a/b", "NUL": "a\u0000b"}.items()
+]
+CASES += [
+    invalid("POST", SCHEDULES, {**CRON, "cron": v}, ("cron",), f"create schedule: cron {k}")
+    for k, v in {
+        **NOT_A_STRING,
+        "empty": "",
+        "six fields": "0 0 * * * *",
+        "four fields": "0 * * *",
+        "out of range": "60 * * * *",
+        "extension": "0 0 L * *",
+        "never": "0 0 30 2 *",
+        "reboot": "@reboot",
+        "NUL": "0 0 * * \u0000",
+        "201 chars": "*" * 201,
+    }.items()
+]
+CASES += [
+    invalid("POST", SCHEDULES, {**CRON, "timezone": v}, ("timezone",), f"create: tz {k}")
+    for k, v in {
+        **NOT_A_STRING,
+        "empty": "",
+        "unknown": "Mars/Olympus",
+        "path": "/etc/localtime",
+        "NUL": "UTC\u0000",
+    }.items()
+]
+CASES += [
+    invalid("POST", SCHEDULES, {**CRON, "priority": v}, ("priority",), f"create: prio {k}")
+    for k, v in {**NOT_AN_INT, "zero": 0, "11": 11}.items()
+]
+CASES += [
+    invalid("POST", SCHEDULES, {**CRON, "max_retries": v}, ("max_retries",), f"create: mr {k}")
+    for k, v in {**NOT_AN_INT, "negative": -1, "101": 101}.items()
+    if k != "null"  # null is "the queue's"
+]
+CASES += [
+    invalid("POST", SCHEDULES, {**CRON, "paused": v}, ("paused",), f"create: paused {k}")
+    for k, v in NOT_A_BOOL.items()
+]
+CASES += [
+    invalid("POST", SCHEDULES, {**CRON, "payload": None}, ("payload",), "create: payload null"),
+    invalid("POST", SCHEDULES, {"name": "x", "cron": "@daily"}, ("payload",), "create: no payload"),
+    invalid("POST", SCHEDULES, {**CRON, "crom": "x"}, ("crom",), "create schedule: unknown field"),
+    invalid("POST", SCHEDULES, {**CRON, "id": "x"}, ("id",), "create schedule: read-only id"),
+    invalid("POST", SCHEDULES, b"[]", ("non_field_errors",), "create schedule: body is a list"),
+    invalid("PATCH", SCHEDULE, {"name": "renamed"}, ("name",), "patch schedule: name"),
+    invalid("PATCH", SCHEDULE, {"cron": "* * * * * *"}, ("cron",), "patch schedule: 6 fields"),
+    invalid("PATCH", SCHEDULE, {"payload": None}, ("payload",), "patch schedule: payload null"),
+    invalid("PATCH", SCHEDULE, {"next_run_at": None}, ("next_run_at",), "patch: next_run_at"),
+    invalid("PATCH", SCHEDULE, {"paused": "no"}, ("paused",), "patch schedule: paused string"),
+    query(SCHEDULES, "limit=0", ("limit",), "list schedules: limit 0"),
+    query(SCHEDULES, "cursor=%25%25", ("cursor",), "list schedules: bad cursor"),
+    parse_error("POST", SCHEDULES, b'{"name": "x",', "create schedule: truncated JSON"),
+    parse_error("PATCH", SCHEDULE, b'{"paused": true, "paused": false}', "patch: duplicate key"),
+    unsupported("POST", SCHEDULES, b"name=x", "application/x-www-form-urlencoded", "sched: form"),
+    not_found("GET", "/queues/nope/schedules", "list schedules: unknown queue"),
+    not_found("GET", "/queues/{queue}/schedules/nope", "get schedule: unknown"),
+    not_found("GET", "/queues/{queue}/schedules/bad%00name", "get schedule: NUL in the path"),
+    not_found("DELETE", "/queues/{queue}/schedules/nope", "delete schedule: unknown"),
+    not_found("PATCH", "/queues/other-q/schedules/{schedule}", "patch: another queue's name"),
+    too_large(
+        "POST",
+        SCHEDULES,
+        {**CRON, "payload": "x" * 100},
+        "create schedule: payload over limit",
+        TASKFORGE_MAX_PAYLOAD_BYTES=64,
+    ),
+    too_large(
+        "PATCH",
+        SCHEDULE,
+        b" " * 300 + b"{}",
+        "patch schedule: body over request limit",
+        TASKFORGE_MAX_REQUEST_BYTES=200,
+    ),
+]
+
+
 @pytest.fixture
 def world() -> dict[str, str]:
-    """A queue `mq` holding a task, and a task of another queue."""
+    """A queue `mq` holding a task and a schedule, and a task of another queue."""
     task = TaskFactory(queue=QueueFactory(name="mq"))
+    ScheduleFactory(queue=task.queue, name="nightly")
     other = TaskFactory(queue=QueueFactory(name="other-q"))
-    return {"queue": "mq", "task": str(task.id), "other_task": str(other.id)}
+    return {"queue": "mq", "task": str(task.id), "other_task": str(other.id), "schedule": "nightly"}
 
 
 def snapshot() -> tuple[Any, ...]:
@@ -669,6 +754,7 @@ def snapshot() -> tuple[Any, ...]:
         sorted(Task.objects.values_list("id", "status", "updated_at")),
         TaskEvent.objects.count(),
         AuditEntry.objects.count(),
+        sorted(Schedule.objects.values_list("name", "cron", "timezone", "paused", "updated_at")),
     )
 
 

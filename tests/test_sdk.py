@@ -254,6 +254,63 @@ def test_client_round_trip(admin: TaskForge, producer: TaskForge, keys: Keys, se
         admin.discard(solo, dead.id)
 
 
+def test_client__schedules(admin: TaskForge, service: Service) -> None:
+    name = qname()
+    admin.create_queue(name)
+    made = admin.create_schedule(
+        name, "nightly", "0 3 * * *", {"kind": "nightly"}, timezone="Europe/Paris", priority=2
+    )
+    assert (made.queue, made.name, made.cron, made.timezone, made.priority) == (
+        name,
+        "nightly",
+        "0 3 * * *",
+        "Europe/Paris",
+        2,
+    )
+    assert made.next_run_at is not None and made.last_run_at is None and not made.paused
+    with pytest.raises(Conflict) as exists:
+        admin.create_schedule(name, "nightly", "@daily", 1)
+    assert exists.value.code == "schedule_exists"
+    with pytest.raises(Invalid):
+        admin.create_schedule(name, "bad", "0 0 * * * *", 1)
+    assert admin.pause_schedule(name, "nightly").paused is True
+    assert admin.resume_schedule(name, "nightly").paused is False
+    changed = admin.update_schedule(name, "nightly", cron="@hourly", payload=[1], max_retries=None)
+    assert (changed.cron, changed.payload, changed.max_retries) == ("@hourly", [1], None)
+    assert [s.name for s in admin.list_schedules(name)] == ["nightly"]
+    assert admin.get_schedule(name, "nightly").id == made.id
+    admin.delete_schedule(name, "nightly")
+    with pytest.raises(NotFound):
+        admin.get_schedule(name, "nightly")
+
+
+def test_cli__schedules(
+    admin: TaskForge, keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = qname()
+    admin.create_queue(name)
+    base = ["--url", service.base_url, "--api-key", keys.admin, "schedules"]
+    assert cli_main([*base, "create", name, "every", "*/5 * * * *", '{"a": 1}', "--paused"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert (created["cron"], created["payload"], created["paused"]) == (
+        "*/5 * * * *",
+        {"a": 1},
+        True,
+    )
+    assert cli_main([*base, "resume", name, "every"]) == 0
+    assert json.loads(capsys.readouterr().out)["paused"] is False
+    assert cli_main([*base, "update", name, "every", "--cron", "@daily", "--priority", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["cron"] == "@daily"
+    assert cli_main([*base, "list", name]) == 0
+    assert [s["name"] for s in json.loads(capsys.readouterr().out)["results"]] == ["every"]
+    assert cli_main([*base, "show", name, "every"]) == 0
+    assert json.loads(capsys.readouterr().out)["priority"] == 1
+    assert cli_main([*base, "delete", name, "every"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"deleted": True}
+    assert cli_main([*base, "show", name, "every"]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+
+
 def test_cli(admin: TaskForge, keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]):
     name = qname()
     admin.create_queue(name, max_retries=0)

@@ -7,6 +7,6 @@ services; writes go through them (`queues.services`, `tasks.services`,
 
 from __future__ import annotations
 
-from dashboard.admin import audit, dlq, keys, queues, tasks, workers
+from dashboard.admin import audit, dlq, keys, queues, schedules, tasks, workers
 
-__all__ = ["audit", "dlq", "keys", "queues", "tasks", "workers"]
+__all__ = ["audit", "dlq", "keys", "queues", "schedules", "tasks", "workers"]

@@ -28,7 +28,7 @@ from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge.api.models import ApiKey
 from tasks.models import Task, TaskStatus
-from tasks.tests.factories import TaskFactory
+from tasks.tests.factories import ScheduleFactory, TaskFactory
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -40,7 +40,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-SCREENSHOTS = Path(__file__).resolve().parents[3] / "docs" / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 TIMEOUT_MS = 10_000
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -230,6 +230,23 @@ def test_overview__purge_asks_for_the_queue_name_first(page: Any) -> None:
     _expect()(page.locator(".msg-success")).to_contain_text("1 tasks cancelled")
     task.refresh_from_db()
     assert task.status == TaskStatus.CANCELLED
+
+
+def test_schedules__pause_and_resume_from_the_page(page: Any, live_server: Any) -> None:
+    ScheduleFactory(queue=QueueFactory(name="reports"), name="nightly", cron="0 3 * * *")
+    page.get_by_role("link", name="Schedules").click()
+    row = page.locator('tr[data-schedule="reports/nightly"]')
+    _expect()(row).to_contain_text("0 3 * * *")
+    _expect()(row).to_contain_text("never")
+
+    row.get_by_role("button", name="Pause").click()
+
+    _expect()(page.locator(".msg-success")).to_contain_text("Paused schedule nightly")
+    _expect()(row.locator(".pill")).to_have_text("Paused")
+    if os.environ.get("TASKFORGE_SCREENSHOTS"):
+        page.screenshot(path=str(SCREENSHOTS / "schedules.png"))
+    row.get_by_role("button", name="Resume").click()
+    _expect()(row.locator(".pill")).to_have_text("Running")
 
 
 def test_overview__phone_layout_shows_every_queue_as_a_card(browser: Any, page: Any) -> None:

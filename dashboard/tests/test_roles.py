@@ -15,8 +15,8 @@ from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge.api.models import ApiKey
 from taskforge.audit.models import AuditEntry
-from tasks.models import Task, TaskStatus
-from tasks.tests.factories import TaskFactory
+from tasks.models import Schedule, Task, TaskStatus
+from tasks.tests.factories import ScheduleFactory, TaskFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -30,6 +30,7 @@ PAGES = [
     f"{D}/dlq/",
     f"{D}/workers/",
     f"{D}/audit/",
+    f"{D}/schedules/",
 ]
 ACTIONS = [
     f"{D}/queues/q/pause",
@@ -40,6 +41,8 @@ ACTIONS = [
     f"{D}/dlq/discard",
     f"{D}/dlq/{{dead}}/replay",
     f"{D}/dlq/{{dead}}/discard",
+    f"{D}/schedules/{{schedule}}/pause",
+    f"{D}/schedules/{{schedule}}/resume",
 ]
 
 
@@ -49,6 +52,7 @@ def world() -> dict[str, str]:
     return {
         "pending": str(TaskFactory(queue=queue).pk),
         "dead": str(TaskFactory(queue=queue, status=S.DEAD).pk),
+        "schedule": str(ScheduleFactory(queue=queue, name="hourly").pk),
     }
 
 
@@ -56,6 +60,7 @@ def state() -> Any:
     return (
         sorted(Queue.objects.values_list("name", "paused")),
         sorted(Task.objects.values_list("id", "status")),
+        sorted(Schedule.objects.values_list("name", "paused")),
         AuditEntry.objects.count(),
     )
 
@@ -127,7 +132,13 @@ def test_operator__may_take_every_action(staff_client: Client, world: dict[str, 
         response = staff_client.post(path.format(**world), {"confirm": "q", "ids": [world["dead"]]})
         assert response.status_code == 302, path
     recorded = set(AuditEntry.objects.filter(actor_name="oncall").values_list("action", flat=True))
-    assert recorded == {"queue.pause", "queue.resume", "queue.purge", "dlq.replay"}
+    assert recorded == {
+        "queue.pause",
+        "queue.resume",
+        "queue.purge",
+        "dlq.replay",
+        "schedule.update",
+    }
 
 
 # What the pages offer ----------------------------------------------------------------
@@ -138,6 +149,7 @@ CONTROLS = {
     "dlq": ("dlq/", ["/dlq/replay", "/dlq/discard", 'name="ids"', "/replay", "/discard"]),
     "dead task": ("tasks/{dead}", ["/replay", "/discard"]),
     "pending task": ("tasks/{pending}", ["/cancel"]),
+    "schedules": ("schedules/", ["/schedules/{schedule}/pause"]),
 }
 
 
@@ -148,7 +160,7 @@ def test_pages__offer_a_viewer_no_control(
     path, controls = CONTROLS[page]
     html = viewer_client.get(f"{D}/{path.format(**world)}").content.decode()
 
-    assert [c for c in controls if c in html] == []
+    assert [c for c in controls if c.format(**world) in html] == []
 
 
 @pytest.mark.parametrize("page", list(CONTROLS))
@@ -158,7 +170,7 @@ def test_pages__offer_an_operator_every_control(
     path, controls = CONTROLS[page]
     html = staff_client.get(f"{D}/{path.format(**world)}").content.decode()
 
-    assert [c for c in controls if c not in html] == []
+    assert [c for c in controls if c.format(**world) not in html] == []
 
 
 def test_nav__links_only_the_pages_the_user_may_see(bare_staff_client: Client) -> None:
@@ -180,6 +192,8 @@ ADMIN_ACTIONS = [
     ("dlq/deadlettertask", "replay", "dead"),
     ("dlq/deadlettertask", "discard", "dead"),
     ("api/apikey", "revoke", "key"),
+    ("tasks/schedule", "pause", "schedule"),
+    ("tasks/schedule", "resume", "schedule"),
 ]
 
 
@@ -217,6 +231,8 @@ def test_admin__an_operator_is_offered_the_operator_actions_only(
     changelist: str, action: str, row: str, staff_client: Client, admin_world: dict[str, str]
 ) -> None:
     offered = action in _offered(staff_client, changelist)
+    if (changelist, action) == ("tasks/schedule", "resume"):
+        Schedule.objects.update(paused=True)  # a resume that changes something
 
     response = staff_client.post(
         f"/admin/{changelist}/",
@@ -245,6 +261,7 @@ def test_admin__a_viewer_cannot_change_a_queue(viewer_client: Client, admin_worl
 def test_admin__the_audit_log_is_read_only_even_for_superusers(
     superuser_client: Client, admin_world: Any
 ) -> None:
+    AuditEntry.objects.all().delete()  # the world's own (the schedule's creation)
     superuser_client.post("/admin/dashboard/queues/q/pause")
     entry = AuditEntry.objects.get()
 

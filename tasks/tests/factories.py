@@ -16,8 +16,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from queues.tests.factories import QueueFactory
-from tasks import transitions
-from tasks.models import Task, TaskStatus
+from taskforge.audit.log import CLI
+from tasks import schedules, transitions
+from tasks.models import Schedule, Task, TaskStatus
 
 S = TaskStatus
 
@@ -87,3 +88,19 @@ class TaskFactory(factory.django.DjangoModelFactory):
         with transaction.atomic():
             [task] = transitions.create([transitions.NewTask(**kwargs)], now=now, buffer=buffered)
         return walk(task, status, worker_id=worker_id)
+
+
+class ScheduleFactory(factory.django.DjangoModelFactory):
+    """A schedule as the API creates it (`tasks.schedules.create_schedule`)."""
+
+    class Meta:
+        model = Schedule
+
+    queue = factory.SubFactory(QueueFactory)
+    name = factory.Sequence(lambda n: f"schedule-{n}")
+    cron = "0 * * * *"
+    payload = factory.Sequence(lambda n: {"schedule": n})
+
+    @classmethod
+    def _create(cls, model_class: type[Schedule], *args: Any, **kwargs: Any) -> Schedule:
+        return schedules.create_schedule(kwargs.pop("queue"), actor=CLI, **kwargs)
