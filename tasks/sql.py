@@ -56,9 +56,10 @@ WITH new AS (
     INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at, attempts,
                             max_retries, idempotency_key, created_at, updated_at,
                             status_changed_at)
-    SELECT i.id, %(queue_id)s, i.payload::jsonb,
+    SELECT i.id, %(queue_id)s::uuid, i.payload::jsonb,
            CASE WHEN i.buffer THEN 'claimed' ELSE 'pending' END,
-           i.priority, i.scheduled_at, 0, i.max_retries, i.key, %(now)s, %(now)s, %(now)s
+           i.priority, i.scheduled_at, 0, i.max_retries, i.key, %(now)s::timestamptz,
+           %(now)s::timestamptz, %(now)s::timestamptz
     FROM unnest(%(ids)s::uuid[], %(payloads)s::text[], %(priorities)s::int[],
                 %(scheduled)s::timestamptz[], %(max_retries)s::int[], %(keys)s::text[],
                 %(buffer)s::bool[])
@@ -121,7 +122,7 @@ HAND_OUT = Statement(
     f"""
 WITH cur AS (
     SELECT id, status_changed_at FROM tasks_task
-    WHERE id = ANY(%(ids)s) AND status = 'claimed'
+    WHERE id = ANY(%(ids)s::uuid[]) AND status = 'claimed'
       -- A queue paused after the claim read it hands out nothing.
       AND NOT EXISTS (
           SELECT 1 FROM queues_queue q WHERE q.id = tasks_task.queue_id AND q.paused

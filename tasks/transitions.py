@@ -107,7 +107,7 @@ def create(
     by_queue: dict[Any, list[Task]] = {}
     for task in stored:
         by_queue.setdefault(task.queue_id, []).append(task)
-    with connection.cursor() as cursor:
+    with pg.cursor() as cursor:
         for queue_id, group in by_queue.items():
             cursor.execute(
                 sql.CREATE.text,
