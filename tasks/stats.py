@@ -27,10 +27,11 @@ def queues_stats(
 ) -> dict[uuid.UUID, dict[str, Any]]:
     """`queue_stats` for many queues in two grouped queries, whatever their number.
 
-    Counts run over task_queue_status_idx (live statuses only, never the
-    done/cancelled history; they count an indexed column so Postgres can
-    answer from the index alone); acks and failed attempts over taskevent_queue_at_idx for the last
-    60 s.  The cost grows with the live backlog, not with history.
+    Counts run over task_not_done_idx (live statuses only, never the
+    done/cancelled history; status and scheduled_at are in the index, so
+    Postgres can answer from it alone); acks and failed attempts over
+    taskevent_outcome_idx (outcomes of attempts only) for the last 60 s.  The
+    cost grows with the live backlog, not with history.
     """
     now = now or timezone.now()
     ids = [queue.id for queue in queues]
