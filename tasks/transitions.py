@@ -175,7 +175,7 @@ def buffer_due(
     inside `atomic()`.
     """
     now = now or timezone.now()
-    with pg.cursor() as cursor:
+    with transaction.atomic(), pg.cursor() as cursor, pg.planner_off(cursor, sql.BUFFER_DUE.off):
         cursor.execute(
             sql.BUFFER_DUE.text,
             {"queue_id": queue.id, "now": now, "limit": limit, "better_than": better_than},

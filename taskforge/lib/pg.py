@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,3 +30,19 @@ def cursor() -> Iterator[Any]:
     """
     with internals.prepared_cursor(connection) as wrapper:
         yield wrapper
+
+
+@contextmanager
+def planner_off(cursor: Any, methods: Sequence[str]) -> Iterator[None]:
+    """Turn these boolean planner settings (`enable_sort`, `jit`, ...) off inside the block.
+
+    SET LOCAL, so the caller must be inside a transaction; set back (RESET)
+    after the block, so they do not outlive it in a longer transaction.
+    """
+    for method in methods:
+        cursor.execute(f"SET LOCAL {method} = off")
+    try:
+        yield
+    finally:
+        for method in methods:
+            cursor.execute(f"RESET {method}")
