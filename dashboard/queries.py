@@ -182,7 +182,7 @@ def dlq_page(filters: DlqFilter, *, limit: int | None = None) -> Page:
 
 def dlq_depths() -> list[tuple[Queue, int]]:
     """Every queue with its number of dead tasks: one index range count per queue
-    (task_not_done_idx), bounded by the size of the DLQ, never by history."""
+    (task_dead_idx), bounded by the size of the DLQ, never by history."""
     return [
         (queue, Task.objects.filter(queue=queue, status=TaskStatus.DEAD).count())
         for queue in Queue.objects.order_by("name")

@@ -121,6 +121,11 @@ class Task(models.Model):
                 name="task_finished_idx",
                 condition=Q(status__in=["done", "cancelled", "dead"]),
             ),
+            # The DLQ depth of each queue (tasks.stats, the dashboard): dead tasks
+            # stay for the DLQ retention, so there can be many; counted from this
+            # narrow index, not from task_not_done_idx's wide entries.  Written
+            # only when a task dies.
+            models.Index(fields=["queue"], name="task_dead_idx", condition=Q(status="dead")),
             # Used by the watchdog's buffer reconcile (claimed for too long).
             models.Index(
                 fields=["status_changed_at"],

@@ -33,6 +33,12 @@ class Migration(migrations.Migration):
                 name="taskevent_outcome_idx",
             ),
         ),
+        AddIndexConcurrently(
+            model_name="task",
+            index=models.Index(
+                condition=models.Q(("status", "dead")), fields=["queue"], name="task_dead_idx"
+            ),
+        ),
         RemoveIndexConcurrently(model_name="task", name="task_queue_status_idx"),
         RemoveIndexConcurrently(model_name="task", name="task_queue_status_new_idx"),
         RemoveIndexConcurrently(model_name="taskevent", name="taskevent_queue_at_idx"),
