@@ -44,9 +44,11 @@ psycopg and Django: prepared hot statements (prepared_cursor)
     cursors bind client side and never prepare.
     Saves: Postgres plans each `tasks.sql` statement once per connection
     instead of on every call.  Measured with pg_stat_statements during
-    `make bench`'s e2e phases: planning took 0.47 ms an ack statement, 0.39
-    ms a hand-out and 0.12 ms a create, about 1 ms per task on the single
-    path (the bench's A/B: docs/operations.md, "Postgres cost per task").
+    `make bench`'s e2e phases (batched calls included): planning took 0.47 ms
+    an ack statement, 0.39 ms a hand-out and 0.12 ms a create, about 1 ms
+    per task on the single path.  `bench/pg_cost.py`, 3 interleaved runs:
+    single path 2.01 -> 1.21 ms of Postgres CPU per task, enqueue alone
+    0.55 -> 0.38 ms; `make bench`'s e2e single 2.55 -> 2.02 ms (4 runs).
     Guard: the wrapper is Django's (errors translated to django.db's), the
     statement is prepared on the connection, and a second run reuses it.
 
