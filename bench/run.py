@@ -59,6 +59,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import retained as retained_history  # bench/retained.py
+
 ROOT = Path(__file__).resolve().parent.parent
 # Its own database name, so two benchmarks on one server do not drop each other's.
 BENCH_DB = os.environ.get("TASKFORGE_BENCH_DB", "taskforge_bench")
@@ -1103,6 +1105,14 @@ class Bench:
         finally:
             conn.close()
 
+    def fill_history(self, count: int, into: dict[str, Any]) -> None:
+        """`--retained`: the history queue gets `count` finished tasks (bench/retained.py)."""
+        queue = self.api("GET", f"/queues/{retained_history.HISTORY_QUEUE}")
+        self._queue_ids.append(queue["id"])
+        log(f"retained: writing {count:,} finished tasks with their events")
+        into["fill"] = retained_history.fill(self.libpq_url, queue["id"], count, PAYLOAD, log)
+        log(f"retained: done ({into['fill']})")
+
     def new_queue(self, label: str) -> str:
         name = f"bench-{label}-{uuid.uuid4().hex[:6]}"
         queue = self.api("POST", "/queues", {"name": name})
@@ -1736,6 +1746,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scheduled-samples", type=int, default=60, help="delayed tasks per run")
     p.add_argument("--profile", metavar="DIR", help="one extra py-spy-recorded run per phase")
     p.add_argument("--json", metavar="FILE", help="also write the JSON report to FILE")
+    p.add_argument(
+        "--retained",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure, write N finished tasks with events (bench/retained.py), VACUUM "
+        "(ANALYZE), measure again: both, side by side",
+    )
     p.add_argument("--keep-db", action="store_true", help=f"keep {BENCH_DB} afterwards")
     p.add_argument(
         "--serve",
@@ -1764,6 +1782,59 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
+def run_phases(bench: Bench, args: argparse.Namespace, profile: bool) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    if "enqueue" in args.phases:
+        results["enqueue_single"] = bench.phase_enqueue(0, args.runs, profile)
+        results["enqueue_batch"] = bench.phase_enqueue(1000, args.runs, profile)
+    if "e2e" in args.phases:
+        results["e2e_single"] = bench.phase_e2e(False, args.runs, profile)
+        results["e2e_batched"] = bench.phase_e2e(True, args.runs, profile)
+    if "sdk" in args.phases:
+        results["sdk"] = bench.phase_sdk(args.runs)
+    if "latency" in args.phases:
+        results["latency"] = bench.phase_latency(args.runs, profile)
+    if "scheduled" in args.phases:
+        results["scheduled"] = bench.phase_scheduled(args.runs)
+    if "fleet" in args.phases:
+        results["fleet"] = bench.phase_fleet()
+    return results
+
+
+def retained_table(retained: dict[str, Any], results: dict[str, Any]) -> str:
+    """The figures with history beside the empty run's, and the reads that must not scan it."""
+    fill = retained["fill"]
+    lines = [
+        "",
+        f"With {fill['tasks']:,} retained finished tasks (written in {fill['fill_s']} s, "
+        f"VACUUM (ANALYZE) {fill['vacuum_analyze_s']} s; database tables "
+        f"{fill['gib_total']} GiB; GiB per million tasks: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(fill["gib_per_million_tasks"].items()))
+        + "):",
+        f"  {'figure':<16} {'empty':>12} {'retained':>12} {'ratio':>6}   Postgres ms/task",
+    ]
+    empty = retained["empty"]
+    for name, stats in results.items():
+        before = empty.get(name) or {}
+        if "median" not in stats or not before.get("median"):
+            continue
+        ratio = stats["median"] / before["median"]
+        pg_before = (before.get("cpu_ms_per_task") or {}).get("postgres")
+        pg_after = (stats.get("cpu_ms_per_task") or {}).get("postgres")
+        lines.append(
+            f"  {name:<16} {before['median']:>12g} {stats['median']:>12g} {ratio:>6.2f}"
+            f"   {pg_before} -> {pg_after}"
+        )
+    lines.append(f"  {'read':<18} {'empty ms':>10} {'retained ms':>12} (median; max)")
+    for name, after in retained["reads"].items():
+        before = retained["reads_empty"].get(name, {})
+        lines.append(
+            f"  {name:<18} {before.get('median_ms', 0):>10g} {after['median_ms']:>12g}"
+            f" ({after['max_ms']:g})"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
@@ -1784,21 +1855,20 @@ def main(argv: list[str] | None = None) -> int:
                 assert bench.service is not None
                 bench.service.check_alive()
         profile = bool(args.profile)
-        results: dict[str, Any] = {}
-        if "enqueue" in args.phases:
-            results["enqueue_single"] = bench.phase_enqueue(0, args.runs, profile)
-            results["enqueue_batch"] = bench.phase_enqueue(1000, args.runs, profile)
-        if "e2e" in args.phases:
-            results["e2e_single"] = bench.phase_e2e(False, args.runs, profile)
-            results["e2e_batched"] = bench.phase_e2e(True, args.runs, profile)
-        if "sdk" in args.phases:
-            results["sdk"] = bench.phase_sdk(args.runs)
-        if "latency" in args.phases:
-            results["latency"] = bench.phase_latency(args.runs, profile)
-        if "scheduled" in args.phases:
-            results["scheduled"] = bench.phase_scheduled(args.runs)
-        if "fleet" in args.phases:
-            results["fleet"] = bench.phase_fleet()
+        retained: dict[str, Any] = {}
+        if args.retained:
+            bench.api("POST", "/queues", {"name": retained_history.HISTORY_QUEUE})
+            retained["reads_empty"] = retained_history.time_reads(
+                lambda path: bench.api("GET", path), retained_history.HISTORY_QUEUE
+            )
+        results = run_phases(bench, args, profile)
+        if args.retained:
+            retained["empty"] = results
+            bench.fill_history(args.retained, retained)
+            results = run_phases(bench, args, False)
+            retained["reads"] = retained_history.time_reads(
+                lambda path: bench.api("GET", path), retained_history.HISTORY_QUEUE
+            )
     except Interrupted as exc:
         log(f"interrupted ({exc}); stopping")
         bench.stop()
@@ -1821,7 +1891,11 @@ def main(argv: list[str] | None = None) -> int:
         "targets": verdicts(results),
         "reference": REFERENCE,
     }
+    if retained:
+        report["retained"] = retained
     print(table(report))
+    if retained:
+        print(retained_table(retained, results))
     line = json.dumps(report, separators=(",", ":"), default=str)
     if args.json:
         Path(args.json).write_text(line + "\n")

@@ -4,7 +4,8 @@ Both lists are newest first and keyset-paginated, so a page costs one index
 range scan however deep it is and nothing ever counts the matching rows:
 
 - tasks, one queue: task_queue_created_idx (queue, -created_at, -id), or
-  task_queue_status_new_idx (queue, status, -created_at, -id) with a status;
+  task_not_done_idx (queue, status, -created_at, -id; every status but done)
+  with a status other than done;
 - tasks, one worker: task_claimed_by_idx (claimed_by, -created_at);
 - tasks, all queues: one `LIMIT n` branch per queue on the same indexes, glued
   with UNION ALL and cut to n again (Postgres cannot merge an index across the
@@ -181,7 +182,7 @@ def dlq_page(filters: DlqFilter, *, limit: int | None = None) -> Page:
 
 def dlq_depths() -> list[tuple[Queue, int]]:
     """Every queue with its number of dead tasks: one index range count per queue
-    (task_queue_status_idx), bounded by the size of the DLQ, never by history."""
+    (task_dead_idx), bounded by the size of the DLQ, never by history."""
     return [
         (queue, Task.objects.filter(queue=queue, status=TaskStatus.DEAD).count())
         for queue in Queue.objects.order_by("name")

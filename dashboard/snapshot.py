@@ -1,11 +1,12 @@
 """The queue overview: one snapshot of every queue's health.
 
 The overview page renders it and the SSE stream sends it every ~2 s.  Cost per
-snapshot: two grouped queries for all queues (`tasks.stats.queues_stats`:
-live-status counts over task_queue_status_idx, last-minute event counts over
-taskevent_queue_at_idx), one aggregate over the small workers table, and a
-queue list.  It is built at most about once per `MAX_AGE_SECONDS`, however
-many browsers watch and however many API processes serve them (`current`).
+snapshot: three grouped queries for all queues (`tasks.stats.queues_stats`:
+live-status counts over task_not_done_idx, dead ones over task_dead_idx,
+last-minute outcome counts over taskevent_outcome_idx), one aggregate over the
+small workers table, and a queue list.  It is built at most about once per
+`MAX_AGE_SECONDS`, however many browsers watch and however many API processes
+serve them (`current`).
 """
 
 from __future__ import annotations

@@ -93,10 +93,6 @@ class Task(models.Model):
             ),
         ]
         indexes = [
-            # The PRD's general index: per-queue depth by status (stats, purge).
-            models.Index(
-                fields=["queue", "status", "priority", "scheduled_at"], name="task_queue_status_idx"
-            ),
             # Used by the dispatcher's SKIP LOCKED select of due pending tasks;
             # keep in sync with its ORDER BY (priority, scheduled_at, id).
             models.Index(
@@ -126,6 +122,11 @@ class Task(models.Model):
                 name="task_finished_idx",
                 condition=Q(status__in=["done", "cancelled", "dead"]),
             ),
+            # The DLQ depth of each queue (tasks.stats, the dashboard): dead tasks
+            # stay for the DLQ retention, so there can be many; counted from this
+            # narrow index, not from task_not_done_idx's wide entries.  Written
+            # only when a task dies.
+            models.Index(fields=["queue"], name="task_dead_idx", condition=Q(status="dead")),
             # Used by the watchdog's buffer reconcile (claimed for too long).
             models.Index(
                 fields=["status_changed_at"],
@@ -134,8 +135,16 @@ class Task(models.Model):
             ),
             # The task list: newest first, keyset-paginated on (created_at, id).
             models.Index(fields=["queue", "-created_at", "-id"], name="task_queue_created_idx"),
+            # Every status but done, by queue: the task list with a status filter
+            # (a `done` filter walks task_queue_created_idx, where nearly every
+            # row is done) and the live depth of the stats (tasks.stats; with
+            # scheduled_at included, counted from the index).  Done rows, the
+            # bulk of history, get no entry: an ack writes one entry fewer.
             models.Index(
-                fields=["queue", "status", "-created_at", "-id"], name="task_queue_status_new_idx"
+                fields=["queue", "status", "-created_at", "-id"],
+                name="task_not_done_idx",
+                include=["scheduled_at"],
+                condition=~Q(status="done"),
             ),
             models.Index(
                 fields=["claimed_by", "-created_at"],
@@ -163,10 +172,22 @@ class TaskEvent(models.Model):
     """One row per status transition of a task; `from_status` is NULL at creation."""
 
     id = models.BigAutoField(primary_key=True)
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_index=False)
+    # No constraints in the database: events are written only by the statement
+    # that moves their task (tasks.transitions), with the task's own ids, and
+    # a constraint would check (and share-lock) the task and the queue row for
+    # every event, four times a task.  Deletes still cascade (Django's).
+    task = models.ForeignKey(
+        Task,
+        on_delete=models.CASCADE,
+        related_name="events",
+        db_index=False,
+        db_constraint=False,
+    )
     # Denormalised so per-queue throughput and error rate need no join.
     # (Foreign keys here are indexed by the composite indexes in Meta.)
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    queue = models.ForeignKey(
+        Queue, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False
+    )
     at = models.DateTimeField()
     from_status = models.CharField(max_length=16, null=True, choices=TaskStatus.choices)
     to_status = models.CharField(max_length=16, choices=TaskStatus.choices)
@@ -178,8 +199,13 @@ class TaskEvent(models.Model):
         indexes = [
             # /tasks/:id/events, oldest first.
             models.Index(fields=["task", "id"], name="taskevent_task_idx"),
-            # Stats: acks and failed attempts per queue over the last minute.
-            models.Index(fields=["queue", "at"], name="taskevent_queue_at_idx"),
+            # Stats: acks and failed attempts per queue over the last minute;
+            # only the outcomes of attempts (one event of a task's four).
+            models.Index(
+                fields=["queue", "at"],
+                name="taskevent_outcome_idx",
+                condition=Q(from_status="executing"),
+            ),
         ]
 
     def __str__(self) -> str:

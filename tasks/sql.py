@@ -23,13 +23,41 @@ HELD_BY_KEY = """(%(key_id)s::bigint IS NULL OR t.claimed_key_id IS NULL
            OR t.claimed_key_id = %(key_id)s::bigint)"""
 
 
+def by_id_with_status(alias: str, status: str) -> str:
+    """The status guard of a row found by its id, in a form no partial index matches.
+
+    Each partial index of tasks_task covers one status (`WHERE status =
+    'executing'`, ...).  Written plainly, a guard `status = 'executing'` lets
+    the planner scan the executing index whole and join it to the ids, and
+    it does so as soon as the statistics say that almost no task is live (a
+    server with history): the plan then costs as much as the live set, not
+    as the ids given.  Compared under another collation ("C"; equality is
+    the same bytes either way) the guard proves no index predicate, so the
+    one way to the rows is the primary key, whatever the statistics.
+    """
+    return f"{alias}.status COLLATE \"C\" = '{status}'"
+
+
+# The holder guard of rows found by id (alias t, param worker_id), compared
+# under "C" for the same reason as `by_id_with_status`: written plainly it
+# lets the planner read task_claimed_by_idx, every task the worker ever ran,
+# when the statistics make that look cheap.
+HELD_BY_WORKER = """t.claimed_by COLLATE "C" = %(worker_id)s"""
+
+
 @dataclass(frozen=True, slots=True)
 class Statement:
-    """One named statement and the status edges (from, to) it may take."""
+    """One named statement and the status edges (from, to) it may take.
+
+    `off`: boolean planner settings (`enable_sort`, `jit`, ...) its caller
+    turns off for it alone (SET LOCAL), where a plan must not follow the
+    statistics.
+    """
 
     name: str
     edges: frozenset[Edge]
     text: str
+    off: tuple[str, ...] = ()
 
 
 # Columns of tasks_task selected back into Task instances (transitions._run).
@@ -58,9 +86,10 @@ WITH new AS (
     INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at, attempts,
                             max_retries, idempotency_key, created_at, updated_at,
                             status_changed_at)
-    SELECT i.id, %(queue_id)s, i.payload::jsonb,
+    SELECT i.id, %(queue_id)s::uuid, i.payload::jsonb,
            CASE WHEN i.buffer THEN 'claimed' ELSE 'pending' END,
-           i.priority, i.scheduled_at, 0, i.max_retries, i.key, %(now)s, %(now)s, %(now)s
+           i.priority, i.scheduled_at, 0, i.max_retries, i.key, %(now)s::timestamptz,
+           %(now)s::timestamptz, %(now)s::timestamptz
     FROM unnest(%(ids)s::uuid[], %(payloads)s::text[], %(priorities)s::int[],
                 %(scheduled)s::timestamptz[], %(max_retries)s::int[], %(keys)s::text[],
                 %(buffer)s::bool[])
@@ -83,11 +112,15 @@ SELECT pg_notify('{SCHEDULER_CHANNEL}', %(wake_at)s::text) WHERE %(wake_at)s::te
 # pending -> claimed for one batch of a queue's due tasks, in hand-out order
 # (task_pending_due_idx), skipping rows other dispatchers hold; only those
 # scoring below better_than (tasks.buffer.score) when it is given.  Params:
-# queue_id, now, limit, better_than (bigint or NULL).
+# queue_id, now, limit, better_than (bigint or NULL).  Run with sorting off:
+# allowed to sort, the planner reads every pending task of the queue through
+# task_not_done_idx and sorts them as soon as the statistics say the queue
+# holds fewer than `limit` (they say so on a server with history), a cost
+# that grows with the backlog instead of with the limit.
 BUFFER_DUE = Statement(
     "buffer_due",
     frozenset({("pending", "claimed")}),
-    """
+    f"""
 WITH picked AS (
     SELECT id, status_changed_at FROM tasks_task
     WHERE queue_id = %(queue_id)s AND status = 'pending' AND scheduled_at <= %(now)s
@@ -101,7 +134,7 @@ WITH picked AS (
     UPDATE tasks_task t
     SET status = 'claimed', updated_at = %(now)s, status_changed_at = %(now)s
     FROM picked
-    WHERE t.id = picked.id AND t.status = 'pending'
+    WHERE t.id = picked.id AND {by_id_with_status("t", "pending")}
     RETURNING t.id, t.priority, t.scheduled_at, t.attempts,
               picked.status_changed_at AS previous_changed_at
 ), events AS (
@@ -111,6 +144,9 @@ WITH picked AS (
 SELECT id, priority, scheduled_at, attempts, previous_changed_at FROM moved
 ORDER BY priority, scheduled_at, id
 """,
+    # jit too: a plan with sorting off carries its huge cost, which would
+    # otherwise buy it a JIT compilation (hundreds of ms) on every call.
+    off=("enable_sort", "jit"),
 )
 
 # -- hand_out --
@@ -125,7 +161,7 @@ HAND_OUT = Statement(
     f"""
 WITH cur AS (
     SELECT id, status_changed_at FROM tasks_task
-    WHERE id = ANY(%(ids)s) AND status = 'claimed'
+    WHERE id = ANY(%(ids)s::uuid[]) AND {by_id_with_status("tasks_task", "claimed")}
       -- A queue paused after the claim read it hands out nothing.
       AND NOT EXISTS (
           SELECT 1 FROM queues_queue q WHERE q.id = tasks_task.queue_id AND q.paused
@@ -139,7 +175,7 @@ WITH cur AS (
         claimed_at = %(now)s, heartbeat_at = %(now)s, updated_at = %(now)s,
         status_changed_at = %(now)s
     FROM cur
-    WHERE t.id = cur.id AND t.status = 'claimed'
+    WHERE t.id = cur.id AND {by_id_with_status("t", "claimed")}
     RETURNING {TASK_COLUMNS}, cur.status_changed_at AS previous_changed_at
 ), events AS (
     INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt)
@@ -164,7 +200,7 @@ WITH items AS (
         AS i(id, attempt, result)
 ), cur AS (
     SELECT t.id, t.status_changed_at, i.result FROM tasks_task t JOIN items i ON i.id = t.id
-    WHERE t.status = 'executing' AND t.claimed_by = %(worker_id)s
+    WHERE {by_id_with_status("t", "executing")} AND {HELD_BY_WORKER}
       AND {HELD_BY_KEY}
       AND (i.attempt IS NULL OR t.attempts = i.attempt)
     ORDER BY t.id
@@ -174,7 +210,7 @@ WITH items AS (
     SET status = 'done', result = cur.result::jsonb, finished_at = %(now)s,
         updated_at = %(now)s, status_changed_at = %(now)s
     FROM cur
-    WHERE t.id = cur.id AND t.status = 'executing'
+    WHERE t.id = cur.id AND {by_id_with_status("t", "executing")}
     RETURNING {TASK_COLUMNS}, cur.status_changed_at AS previous_changed_at
 ), events AS (
     INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt)

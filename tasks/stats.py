@@ -11,6 +11,7 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from queues.models import Queue
+from tasks.lifecycle import IN_PROGRESS
 from tasks.models import Task, TaskEvent, TaskStatus
 
 S = TaskStatus
@@ -25,20 +26,21 @@ def queue_stats(queue: Queue, now: datetime | None = None) -> dict[str, Any]:
 def queues_stats(
     queues: Sequence[Queue], now: datetime | None = None
 ) -> dict[uuid.UUID, dict[str, Any]]:
-    """`queue_stats` for many queues in two grouped queries, whatever their number.
+    """`queue_stats` for many queues in three grouped queries, whatever their number.
 
-    Counts run over task_queue_status_idx (live statuses only, never the
-    done/cancelled history; they count an indexed column so Postgres can
-    answer from the index alone); acks and failed attempts over taskevent_queue_at_idx for the last
-    60 s.  The cost grows with the live backlog, not with history.
+    Counts run over task_not_done_idx (the statuses on their way, never the
+    done/cancelled history; status and scheduled_at are in the index, so
+    Postgres can answer from it alone), the dead ones over the narrow
+    task_dead_idx (the DLQ keeps them for its own retention); acks and failed attempts over
+    taskevent_outcome_idx (outcomes of attempts only) for the last 60 s.  The
+    cost grows with the live backlog, not with history.
     """
     now = now or timezone.now()
     ids = [queue.id for queue in queues]
     due = Q(scheduled_at__lte=now)
     depths = {
         row["queue_id"]: _without_queue_id(row)
-        for row in Task.objects.filter(queue_id__in=ids)
-        .live()
+        for row in Task.objects.filter(queue_id__in=ids, status__in=IN_PROGRESS)
         .values("queue_id")
         .annotate(
             pending=Count("status", filter=Q(status=S.PENDING) & due),
@@ -46,11 +48,19 @@ def queues_stats(
             claimed=Count("status", filter=Q(status=S.CLAIMED)),
             executing=Count("status", filter=Q(status=S.EXECUTING)),
             retry=Count("status", filter=Q(status=S.RETRY)),
-            dead=Count("status", filter=Q(status=S.DEAD)),
             oldest_due=Min("scheduled_at", filter=Q(status__in=[S.PENDING, S.CLAIMED]) & due),
         )
         .order_by()
     }
+    dead = dict(
+        Task.objects.filter(queue_id__in=ids, status=S.DEAD)
+        .values("queue_id")
+        .annotate(dead=Count("queue_id"))
+        .order_by()
+        .values_list("queue_id", "dead")
+    )
+    for queue_id, count in dead.items():
+        depths.setdefault(queue_id, {})["dead"] = count
     attempts = {
         row["queue_id"]: _without_queue_id(row)
         for row in TaskEvent.objects.filter(

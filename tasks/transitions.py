@@ -107,7 +107,7 @@ def create(
     by_queue: dict[Any, list[Task]] = {}
     for task in stored:
         by_queue.setdefault(task.queue_id, []).append(task)
-    with connection.cursor() as cursor:
+    with pg.cursor() as cursor:
         for queue_id, group in by_queue.items():
             cursor.execute(
                 sql.CREATE.text,
@@ -182,7 +182,7 @@ def buffer_due(
     inside `atomic()`.
     """
     now = now or timezone.now()
-    with pg.cursor() as cursor:
+    with transaction.atomic(), pg.cursor() as cursor, pg.planner_off(cursor, sql.BUFFER_DUE.off):
         cursor.execute(
             sql.BUFFER_DUE.text,
             {"queue_id": queue.id, "now": now, "limit": limit, "better_than": better_than},

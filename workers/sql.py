@@ -5,7 +5,7 @@ Named statements, run only by `workers.protocol`.
 
 from __future__ import annotations
 
-from tasks.sql import HELD_BY_KEY
+from tasks.sql import HELD_BY_KEY, HELD_BY_WORKER, by_id_with_status
 
 # -- heartbeat --
 # Extend the lease of tasks the worker holds (worker id and, when key_id is
@@ -17,7 +17,7 @@ WITH items AS (
 )
 UPDATE tasks_task t SET heartbeat_at = %(now)s
 FROM items i
-WHERE t.id = i.id AND t.status = 'executing' AND t.claimed_by = %(worker_id)s
+WHERE t.id = i.id AND {by_id_with_status("t", "executing")} AND {HELD_BY_WORKER}
   AND {HELD_BY_KEY}
   AND (i.attempt IS NULL OR t.attempts = i.attempt)
 RETURNING t.id, t.heartbeat_at

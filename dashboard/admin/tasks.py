@@ -80,7 +80,7 @@ class TaskAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
     )
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
-        # With a queue: task_queue_created_idx / task_queue_status_new_idx.
+        # With a queue: task_queue_created_idx / task_not_done_idx.
         # Without: the primary key, which is time-ordered (UUIDv7).
         if "queue__id__exact" in request.GET:
             return ("-created_at", "-id")
@@ -136,9 +136,8 @@ class TaskEventAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
     readonly_fields = ("task_link",)
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
-        # With a queue: taskevent_queue_at_idx; otherwise the primary key.
-        if "queue__id__exact" in request.GET:
-            return ("-at", "-id")
+        # The primary key, newest first, with or without a queue: events are
+        # indexed by queue only for the outcomes of attempts (the stats').
         return ("-id",)
 
     def get_search_results(

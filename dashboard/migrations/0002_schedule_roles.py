@@ -41,7 +41,7 @@ def revoke(apps, schema_editor):
 class Migration(migrations.Migration):
     dependencies = [
         ("dashboard", "0001_roles"),
-        ("tasks", "0010_schedules"),
+        ("tasks", "0006_schedules"),
     ]
 
     operations = [

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import DataError, connection
 from django.db.models import Model
 from prometheus_client import Counter, multiprocess, values
 
@@ -89,6 +89,23 @@ def test_psycopg_c_loader_loads_timestamptz_as_django_does() -> None:
     expected = dt.datetime(2026, 11, 29, 23, 39, 23, 75089, tzinfo=dt.UTC)
     assert by_c == by_django == expected, FIX
     assert by_c.tzinfo is by_django.tzinfo is dt.UTC, FIX
+
+
+@pytest.mark.django_db
+def test_prepared_cursor_prepares_and_translates_errors() -> None:
+    query = "SELECT %(n)s::int + 1 AS probe_prepared_cursor"
+    for n in (1, 2):
+        with internals.prepared_cursor(connection) as cursor:
+            cursor.execute(query, {"n": n})
+            assert cursor.fetchone()[0] == n + 1, FIX
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%probe_prepared_cursor%"],
+        )
+        assert cursor.fetchone()[0] == 1, FIX
+    with pytest.raises(DataError), internals.prepared_cursor(connection) as cursor:
+        cursor.execute("SELECT %(n)s::int / 0", {"n": 1})
 
 
 # --- Django --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('queues', '0001_initial'),
-        ('tasks', '0004_claimed_key'),
+        ('tasks', '0005_storage_rows'),
     ]
 
     operations = [

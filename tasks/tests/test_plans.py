@@ -1,0 +1,98 @@
+"""The hot statements' plans do not follow the statistics (issue 12, steady speed).
+
+On a server with history the statistics say that almost no task is live, and a
+plan that reads a live status's partial index whole looks free.  The statements
+that find tasks by id must reach them through the primary key whatever the
+statistics say (their status guards prove no partial index), and the
+dispatcher's must walk task_pending_due_idx in order.  Checked here under the
+worst statistics: every row finished, as ANALYZE sees it, then the live rows.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from queues.tests.factories import QueueFactory
+from taskforge.lib import pg
+from tasks import sql, transitions
+from workers import sql as worker_sql
+
+PARTIAL = re.compile(r"using (task_\w+_idx)")
+
+
+class Rollback(Exception):
+    pass
+
+
+def plan(text: str, params: dict[str, Any], off: tuple[str, ...] = ()) -> str:
+    lines: list[str] = []
+    try:
+        with transaction.atomic(), pg.cursor() as cursor, pg.planner_off(cursor, off):
+            cursor.execute("EXPLAIN " + text, params)
+            lines = [row[0] for row in cursor.fetchall()]
+            raise Rollback
+    except Rollback:
+        pass
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def history_statistics() -> Any:
+    """Finished tasks only when ANALYZE looks, live ones after (as after months of traffic).
+
+    Enough of them (5000, all run by the worker the statements name) that
+    reading a table or an index whole costs more than the lookups by id.
+    """
+    queue = QueueFactory()
+    now = timezone.now()
+    for _ in range(5):
+        created = transitions.create(
+            [transitions.NewTask(queue, {"n": n}, 5, now, 3) for n in range(1000)], buffer=True
+        )
+        held = transitions.hand_out([str(task.pk) for task in created], worker_id="w")
+        transitions.ack([(str(task.pk), None, None) for task in held], worker_id="w")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")
+    return queue
+
+
+@pytest.mark.django_db(transaction=True)
+def test_statements_by_id__use_the_primary_key_under_history_statistics(
+    history_statistics: Any,
+) -> None:
+    queue = history_statistics
+    now = timezone.now()
+    created = transitions.create(
+        [transitions.NewTask(queue, {"n": n}, 5, now, 3) for n in range(40)], buffer=True
+    )
+    ids = [str(task.pk) for task in created]
+    held = transitions.hand_out(ids[:20], worker_id="w")
+    held_ids = [str(task.pk) for task in held]
+    nones: list[None] = [None] * len(held_ids)
+    common = {"worker_id": "w", "key_id": None, "now": now}
+    plans = {
+        "hand_out": plan(sql.HAND_OUT.text, {**common, "ids": ids[20:]}),
+        "ack": plan(sql.ACK.text, {**common, "ids": held_ids, "attempts": nones, "results": nones}),
+        "heartbeat": plan(worker_sql.HEARTBEAT, {**common, "ids": held_ids, "attempts": nones}),
+    }
+    for name, text in plans.items():
+        assert "tasks_task_pkey" in text, (name, text)
+        assert not PARTIAL.findall(text), (name, text)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_buffer_due__walks_the_pending_index_in_order_under_history_statistics(
+    history_statistics: Any,
+) -> None:
+    queue = history_statistics
+    now = timezone.now()
+    transitions.create([transitions.NewTask(queue, {"n": n}, 5, now, 3) for n in range(400)])
+    params = {"queue_id": queue.id, "now": now, "limit": 100, "better_than": None}
+    text = plan(sql.BUFFER_DUE.text, params, sql.BUFFER_DUE.off)
+    assert PARTIAL.findall(text) == ["task_pending_due_idx"], text
+    assert "JIT" not in text
