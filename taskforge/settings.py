@@ -86,7 +86,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "taskforge.api.request_log.RequestLogMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
-    "taskforge.api.middleware.RequestSizeLimitMiddleware",
+    "taskforge.api.middleware.BodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
