@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from taskforge.api.models import ApiKey
+from taskforge.api.revocation import revoke_keys
 
 # The request attribute that carries a new key from save_model to response_add.
 _ISSUED_KEY = "_taskforge_issued_key"
@@ -68,5 +69,5 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        revoked = queryset.filter(revoked=False).update(revoked=True)
+        revoked = revoke_keys(list(queryset))
         self.message_user(request, f"Revoked {revoked} key(s).", messages.SUCCESS)
