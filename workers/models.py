@@ -3,6 +3,12 @@
 The rules every view of workers shares live here: which workers are listed
 (seen in the last hour, API.md GET /workers), which are stale (not seen
 within the heartbeat timeout) and which tasks each holds now.
+
+For people on call, a quiet worker is one of two things (`Worker.state`): one
+that holds no task has *left* (it stopped cleanly, as every deploy stops
+workers: nothing to do), and one that still holds tasks is *stale* (it died
+or hangs, and its leases will run out: worth a look).  GET /workers keeps
+API.md's `stale` (quiet, whatever it holds).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.db import models
+from django.db.models import Exists, OuterRef
 
 from tasks.models import Task, TaskStatus, lease_timeout
 
@@ -34,10 +41,24 @@ def current_tasks(worker_ids: Iterable[str]) -> dict[str, list[str]]:
     return held
 
 
+# What a worker is to people on call (`Worker.state`).
+ACTIVE = "active"
+LEFT = "left"  # quiet, holding no task
+STALE = "stale"  # quiet while holding tasks
+
+
 class WorkerQuerySet(models.QuerySet["Worker"]):
     def recent(self, now: datetime) -> WorkerQuerySet:
         """Workers seen in the last hour (uses the last_seen_at index)."""
         return self.filter(last_seen_at__gte=now - SEEN_WITHIN)
+
+    def with_holding(self) -> WorkerQuerySet:
+        """Annotate `holding`: whether the worker executes a task now (task_claimed_by_idx)."""
+        return self.annotate(
+            holding=Exists(
+                Task.objects.filter(status=TaskStatus.EXECUTING, claimed_by=OuterRef("worker_id"))
+            )
+        )
 
 
 class Worker(models.Model):
@@ -50,4 +71,11 @@ class Worker(models.Model):
         return self.worker_id
 
     def is_stale(self, now: datetime) -> bool:
+        """Not seen within the heartbeat timeout (API.md's `stale`)."""
         return self.last_seen_at < stale_before(now)
+
+    def state(self, now: datetime, *, holding: bool) -> str:
+        """ACTIVE, LEFT (quiet, holding no task) or STALE (quiet while holding tasks)."""
+        if not self.is_stale(now):
+            return ACTIVE
+        return STALE if holding else LEFT
