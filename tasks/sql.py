@@ -72,7 +72,7 @@ WITH new AS (
     WHERE status = 'claimed'
 )
 SELECT pg_notify('{DISPATCH_CHANNEL}', %(queue_id)s::text) WHERE %(notify)s
-""",
+""",  # nosec B608
 )
 
 # -- buffer_due --
@@ -142,7 +142,7 @@ WITH cur AS (
     SELECT id, queue_id, %(now)s, 'claimed', 'executing', %(worker_id)s, attempts FROM moved
 )
 SELECT * FROM moved
-""",
+""",  # nosec B608
 )
 
 # -- ack --
@@ -177,5 +177,5 @@ WITH items AS (
     SELECT id, queue_id, %(now)s, 'executing', 'done', %(worker_id)s, attempts FROM moved
 )
 SELECT * FROM moved
-""",
+""",  # nosec B608
 )
