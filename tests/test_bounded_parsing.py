@@ -137,10 +137,11 @@ def test_amplifying_body__within_the_single_task_limit_is_bounded(
 ) -> None:
     """The worst a single-task body can cost: `[{},...]` just under its limit.
 
-    Empty objects are the densest JSON in Python objects (~24 bytes each per
-    3 bytes of text), and orjson reserves several times its output while the
-    payload check encodes them: ~90x the body in all (~48 MB traced). The
-    endpoint's limit is what bounds it; before, a 10 MB body went this way."""
+    Empty objects are the densest JSON in Python objects (~72 bytes each per
+    3 bytes of text), and orjson reserves tens of times its output while the
+    payload check encodes them: ~90x the body as tracemalloc counts it (~48 MB),
+    ~25x resident (orjson never touches most of what it reserves). The endpoint's
+    limit is what bounds it; before, a 10 MB body went this way."""
     body = empty_objects(single_task_limit() - 10)
     response, peak = peak_bytes(
         lambda: producer_client.post(TASKS, body, content_type="application/json")
