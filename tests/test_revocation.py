@@ -6,6 +6,7 @@ and a long poll in progress went on to its deadline.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -205,3 +206,74 @@ def test_revocation__reaches_every_process_and_ends_long_polls_within_a_second(
         assert body["error"]["code"] == "unauthenticated"
         assert ended_at - revoked_at < WITHIN + SLACK
     assert admin.call("GET", "/queues")[0] == 200  # other keys go on working
+
+
+# -- a subscription that dies without a word ----------------------------------------------------
+
+
+class MutableProxy:
+    """A TCP proxy to REDIS_URL's server that can stop passing its answers on: a
+    connection that dies without a word, as in a network partition."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.mute = threading.Event()
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+                upstream = socket.create_connection(self.upstream)
+            except OSError:
+                return
+            self.sockets += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, target: socket.socket, answers: bool) -> None:
+        while True:
+            try:
+                data = source.recv(65536)
+                if not data:
+                    return
+                if not (answers and self.mute.is_set()):
+                    target.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.server.close()
+        for sock in self.sockets:
+            sock.close()
+
+
+def test_listener__gives_up_a_silent_subscription_and_wakes_its_watchers(
+    settings: Any,
+) -> None:
+    """A connection that dies without a word must not leave remembered keys trusted."""
+    real = redis.connection.parse_url(settings.REDIS_URL)
+    proxy = MutableProxy(real.get("host", "127.0.0.1"), real.get("port", 6379))
+    settings.REDIS_URL = f"redis://127.0.0.1:{proxy.port}/{real.get('db', 0)}"
+    listener = revocation.Listener()
+    woken = threading.Event()
+    try:
+        with listener.watch(revocation.key_topic(1), woken):
+            until(listener.subscribed, timeout=5)
+            assert listener.trusted_epoch() is not None
+            time.sleep(2 * revocation.SILENCE_SECONDS)  # pings answered: still subscribed
+            assert listener.subscribed() and not woken.is_set()
+
+            proxy.mute.set()
+            took = until(woken.is_set, timeout=revocation.SILENCE_SECONDS + 2)
+            assert took < revocation.SILENCE_SECONDS + 1
+            assert not listener.subscribed()
+            assert listener.trusted_epoch() is None
+
+            proxy.mute.clear()  # the network is back: it subscribes again
+            until(listener.subscribed, timeout=5)
+    finally:
+        proxy.close()

@@ -15,9 +15,10 @@ People are watched the same way (`user:<id>`): a dashboard stream ends when
 its user is deactivated, loses staff status, is deleted or logs out.
 
 A message can be lost while the listener is not subscribed (Redis down or
-restarting).  So remembered keys are trusted only while it is subscribed, the
-epoch moves on at each (re)subscription, and losing the subscription wakes
-every watcher to check the database itself.  Messages are hints: the
+restarting, or a connection that died without a word).  So remembered keys
+are trusted only while it is subscribed and Redis answers its pings on the
+subscription, the epoch moves on at each (re)subscription, and losing the
+subscription wakes every watcher to check the database itself.  Messages are hints: the
 database says whether a key is revoked, so a stray message costs one lookup.
 """
 
@@ -44,8 +45,11 @@ from taskforge.errors import TaskForgeError
 logger = logging.getLogger(__name__)
 
 _RECONNECT_DELAY = 0.5
-# The listener wakes at least this often to notice a dead connection.
-_POLL_SECONDS = 1.0
+# The listener pings Redis on its subscription this often, and gives the
+# subscription up when nothing came back for SILENCE_SECONDS: a connection can
+# die without a word (a partition), and messages would be lost unnoticed.
+_PING_SECONDS = 0.5
+SILENCE_SECONDS = 2.0
 
 
 class KeyRevoked(TaskForgeError):
@@ -82,16 +86,17 @@ class Listener:
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._subscribed = False
+        self._heard_at = 0.0
         self.epoch = 0
 
     def trusted_epoch(self) -> int | None:
         """The current epoch while messages are arriving; None when one may be missed."""
-        self._ensure_started()
-        return self.epoch if self._subscribed else None
+        return self.epoch if self.subscribed() else None
 
     def subscribed(self) -> bool:
+        """Subscribed, and Redis answered on the subscription within SILENCE_SECONDS."""
         self._ensure_started()
-        return self._subscribed
+        return self._subscribed and time.monotonic() - self._heard_at < SILENCE_SECONDS
 
     @contextmanager
     def watch(self, topic: str, event: threading.Event) -> Iterator[None]:
@@ -125,6 +130,15 @@ class Listener:
         for event in events:
             event.set()
 
+    def _heard(self, message: dict[str, Any]) -> None:
+        self._heard_at = time.monotonic()
+        if message["type"] == "subscribe":
+            with self._lock:
+                self.epoch += 1  # anything before this may have been missed
+                self._subscribed = True
+        elif message["type"] == "message" and isinstance(message["data"], bytes):
+            self.deliver(message["data"].decode())
+
     def _ensure_started(self) -> None:
         if self._thread is not None and self._pid == os.getpid() and self._thread.is_alive():
             return
@@ -144,17 +158,17 @@ class Listener:
                 client = _client()
                 pubsub = client.pubsub()
                 pubsub.subscribe(channel())
+                pinged_at = self._heard_at = time.monotonic()
                 while True:
-                    message = pubsub.get_message(timeout=_POLL_SECONDS)
-                    if message is None:
-                        pubsub.check_health()
-                        continue
-                    if message["type"] == "subscribe":
-                        with self._lock:
-                            self.epoch += 1  # anything before this may have been missed
-                            self._subscribed = True
-                    elif message["type"] == "message" and isinstance(message["data"], bytes):
-                        self.deliver(message["data"].decode())
+                    message = pubsub.get_message(timeout=_PING_SECONDS)
+                    now = time.monotonic()
+                    if message is not None:
+                        self._heard(message)
+                    if now - pinged_at >= _PING_SECONDS:
+                        pubsub.ping()
+                        pinged_at = now
+                    if now - self._heard_at >= SILENCE_SECONDS:
+                        raise redis.ConnectionError("no answer on the subscription")
             except Exception as exc:
                 logger.warning("revocation.listener_error", extra={"error": repr(exc)})
                 self._lost()
