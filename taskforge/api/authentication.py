@@ -24,9 +24,11 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 # query for the same row.  An entry counts only while the revocation epoch it
 # was read in is current and the revocation listener is subscribed
 # (`taskforge.api.revocation`), so a revoked key stops working in every
-# process within a second; KEY_CACHE_SECONDS only bounds how long an unused
-# entry stays.  Unknown keys are never cached.
-KEY_CACHE_SECONDS = 60.0
+# process within a second.  KEY_CACHE_SECONDS bounds the rest: were the
+# revocation's message lost on its way to a subscribed process (Redis
+# unreachable from where the key was revoked), the key works there no longer.
+# Unknown keys are never cached.
+KEY_CACHE_SECONDS = 5.0
 _key_cache: TTLCache[tuple[ApiKey, int]] = TTLCache(KEY_CACHE_SECONDS)
 
 

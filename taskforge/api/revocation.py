@@ -187,8 +187,10 @@ listener = Listener()
 def publish(topic: str) -> None:
     """Tell every API process that `topic` changed; call it after the change commits.
 
-    If Redis cannot be reached, the processes' listeners cannot be subscribed
-    either, so none of them trusts what it remembers: nothing is lost.
+    If Redis cannot be reached from here, it usually cannot be from the API
+    processes either, and a process that is not subscribed trusts nothing it
+    remembers.  A process that still is keeps a revoked key at most
+    `authentication.KEY_CACHE_SECONDS`; the failure is logged.
     """
     try:
         client = _client()
