@@ -115,15 +115,17 @@ def build(now: datetime | None = None) -> dict[str, Any]:
     rows = [queue_row(queue, stats[queue.id]) for queue in queues]
     # The table holds one row per worker name.
     # A quiet worker that holds no task has left (a clean stop, as on every
-    # deploy): not worth an alert. One that still holds tasks is stale.
+    # deploy): not worth an alert. One that still holds tasks, or lost some to
+    # the watchdog since it was last seen, is stale (workers.models).
     quiet = Q(last_seen_at__lt=stale_before(now))
+    trouble = Q(holding=True) | Worker.objects.lost_tasks_since_seen()
     workers = (
         Worker.objects.recent(now)
         .with_holding()
         .aggregate(
             seen=Count("pk"),
-            stale=Count("pk", filter=quiet & Q(holding=True)),
-            left=Count("pk", filter=quiet & Q(holding=False)),
+            stale=Count("pk", filter=quiet & trouble),
+            left=Count("pk", filter=quiet & ~trouble),
         )
     )
     active = workers["seen"] - workers["stale"] - workers["left"]

@@ -111,6 +111,29 @@ def test_build__a_worker_that_left_raises_no_alarm() -> None:
 
 
 @pytest.mark.django_db
+def test_build__a_worker_whose_leases_the_watchdog_reclaimed_still_needs_attention() -> None:
+    """A crashed worker holds nothing once the watchdog took its tasks back: it did
+    not leave, and stays stale until it is seen again."""
+    now = timezone.now()
+    QueueFactory(name="fine")
+    Worker.objects.create(
+        worker_id="crashed",
+        last_seen_at=now - timedelta(minutes=5),
+        lost_tasks_at=now - timedelta(minutes=4),
+    )
+    Worker.objects.create(
+        worker_id="back",  # lost tasks once, and was seen since
+        last_seen_at=now - timedelta(minutes=2),
+        lost_tasks_at=now - timedelta(minutes=4),
+    )
+
+    data = snapshot.build()
+
+    assert data["summary"]["health"] == "warn"
+    assert data["workers"] == {"active": 0, "stale": 1, "left": 1}
+
+
+@pytest.mark.django_db
 def test_build__a_quiet_worker_holding_tasks_needs_attention() -> None:
     now = timezone.now()
     QueueFactory(name="fine")
