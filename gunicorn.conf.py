@@ -35,6 +35,12 @@ timeout = 60
 # Stopping: waiting long polls end within 1 s, other requests are short.
 graceful_timeout = 10
 keepalive = 30
+# X-Forwarded-Proto (and the other forwarded headers) count only from a proxy the
+# deployment says is in front (TASKFORGE_TRUST_PROXY); gunicorn's default trusts
+# any client on localhost.
+forwarded_allow_ips = (
+    "*" if os.environ.get("TASKFORGE_TRUST_PROXY", "").lower() in ("1", "true", "yes") else ""
+)
 # Request logs go through Django's JSON logging; gunicorn's own errors to stderr.
 accesslog = None
 errorlog = "-"

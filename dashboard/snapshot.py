@@ -115,10 +115,21 @@ def build(now: datetime | None = None) -> dict[str, Any]:
     stats = queues_stats(queues, now)
     rows = [queue_row(queue, stats[queue.id]) for queue in queues]
     # The table holds one row per worker name.
-    workers = Worker.objects.recent(now).aggregate(
-        seen=Count("pk"), stale=Count("pk", filter=Q(last_seen_at__lt=stale_before(now)))
+    # A quiet worker that holds no task has left (a clean stop, as on every
+    # deploy): not worth an alert. One that still holds tasks, or lost some to
+    # the watchdog since it was last seen, is stale (workers.models).
+    quiet = Q(last_seen_at__lt=stale_before(now))
+    trouble = Q(holding=True) | Worker.objects.lost_tasks_since_seen()
+    workers = (
+        Worker.objects.recent(now)
+        .with_holding()
+        .aggregate(
+            seen=Count("pk"),
+            stale=Count("pk", filter=quiet & trouble),
+            left=Count("pk", filter=quiet & ~trouble),
+        )
     )
-    active = workers["seen"] - workers["stale"]
+    active = workers["seen"] - workers["stale"] - workers["left"]
     unhealthy = [row for row in rows if row["health"] != OK]
     unhealthy.sort(key=lambda row: (-_RANK[row["health"]], row["name"]))
     waiting = sum(
@@ -131,16 +142,15 @@ def build(now: datetime | None = None) -> dict[str, Any]:
         )
     if workers["stale"]:
         plural = "s" if workers["stale"] != 1 else ""
-        alerts.append(
-            {"level": WARN, "text": f"{workers['stale']} worker{plural} stopped heartbeating"}
-        )
+        text = f"{workers['stale']} worker{plural} stopped heartbeating while holding tasks"
+        alerts.append({"level": WARN, "text": text})
     levels = [row["health"] for row in unhealthy] + [alert["level"] for alert in alerts]
     worst = max(levels, key=_RANK.__getitem__, default=OK)
     return {
         "at": isoformat(now),
         "at_text": fmt.timestamp(now)[:19] + " UTC",
         "queues": rows,
-        "workers": {"active": active, "stale": workers["stale"]},
+        "workers": {"active": active, "stale": workers["stale"], "left": workers["left"]},
         "summary": {
             "health": worst,
             "title": _title(len(rows), len(unhealthy), bool(alerts)),

@@ -11,7 +11,10 @@
   pool (`connection.close()`) before each sleep;
 - at most `MAX_STREAMS` long streams per process; past that a client gets one
   snapshot and a longer `retry`, i.e. it polls every `BUSY_RETRY_MS`, so the
-  dashboard cannot starve the API of threads.
+  dashboard cannot starve the API of threads;
+- no longer than its user may see the dashboard: when the user is deactivated,
+  loses staff status, is deleted or logs out, the stream ends within a second
+  (`taskforge.api.revocation` names the user to every process).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth import get_user_model
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
@@ -29,6 +33,7 @@ from django.views.decorators.http import require_GET
 
 from dashboard import roles, snapshot
 from dashboard.views.base import requires
+from taskforge.api import revocation
 
 INTERVAL_SECONDS = 2.0
 LIFETIME_SECONDS = 180.0
@@ -50,11 +55,19 @@ def _release_connection() -> None:
         connection.close()
 
 
-def events(*, lifetime: float, interval: float) -> Iterator[str]:
-    """The stream's body: snapshots until `lifetime` is over (one when busy)."""
+def events(
+    *,
+    lifetime: float,
+    interval: float,
+    user_id: object = None,
+    allowed: Callable[[], bool] = lambda: True,
+) -> Iterator[str]:
+    """The stream's body: snapshots until `lifetime` is over (one when busy), or
+    until `allowed()` says the user `user_id` may no longer see them."""
     # Taken on the first write, not in the view: a generator that never
     # starts never runs its `finally`, and would keep the slot forever.
     long_lived = _streams.acquire(blocking=False)
+    woken = threading.Event()
     try:
         if not long_lived:
             yield f"retry: {BUSY_RETRY_MS}\n\n"
@@ -62,16 +75,56 @@ def events(*, lifetime: float, interval: float) -> Iterator[str]:
             return
         yield f"retry: {RETRY_MS}\n\n"
         deadline = time.monotonic() + lifetime
-        while True:
-            yield _event(snapshot.current())
-            _release_connection()
-            if time.monotonic() + interval > deadline:
-                return
-            time.sleep(interval)
+        with revocation.listener.watch(revocation.user_topic(user_id), woken):
+            while True:
+                yield _event(snapshot.current())
+                _release_connection()
+                if time.monotonic() + interval > deadline:
+                    return
+                if not _wait(woken, interval, allowed):
+                    return
     finally:
         if long_lived:
             _streams.release()
         _release_connection()
+
+
+# A logout publishes just before its session is deleted: look once more after this.
+_RECHECK_SECONDS = 0.5
+
+
+def _wait(woken: threading.Event, seconds: float, allowed: Callable[[], bool]) -> bool:
+    """Sleep `seconds`; False as soon as the user turns out no longer allowed."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if woken.wait(left):
+            woken.clear()
+            if not allowed():
+                return False
+            recheck = min(_RECHECK_SECONDS, max(end - time.monotonic(), 0.0))
+            if not woken.wait(recheck) and not allowed():
+                return False
+    if not revocation.listener.subscribed():
+        return allowed()  # a message may have been missed: look at each snapshot
+    return True
+
+
+def still_allowed(request: HttpRequest) -> Callable[[], bool]:
+    """Whether the request's staff user, in its session, may still see the dashboard."""
+    user_id = request.user.pk
+    assert user_id is not None  # staff_member_required let the request in
+    session_key = request.session.session_key
+
+    def check() -> bool:
+        try:
+            allowed = (
+                get_user_model().objects.filter(pk=user_id, is_active=True, is_staff=True).exists()
+            ) and (session_key is None or request.session.exists(session_key))
+        finally:
+            _release_connection()
+        return allowed
+
+    return check
 
 
 @staff_member_required
@@ -79,7 +132,12 @@ def events(*, lifetime: float, interval: float) -> Iterator[str]:
 @requires(roles.VIEW_QUEUES)
 def stream(request: HttpRequest) -> StreamingHttpResponse:
     response = StreamingHttpResponse(
-        events(lifetime=LIFETIME_SECONDS, interval=INTERVAL_SECONDS),
+        events(
+            lifetime=LIFETIME_SECONDS,
+            interval=INTERVAL_SECONDS,
+            user_id=request.user.pk,
+            allowed=still_allowed(request),
+        ),
         content_type="text/event-stream",
     )
     response["Cache-Control"] = "no-cache"

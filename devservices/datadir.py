@@ -23,7 +23,7 @@ THROWAWAY_PREFIX = "taskforge-"
 THROWAWAY_MARKER = "throwaway"
 LOCK_FILE = "devservices.lock"
 STATE_FILE = "services.env"
-SECRET_KEY_FILE = "secret_key"
+SECRET_KEY_FILE = "secret_key"  # nosec B105
 ADMIN_KEY_FILE = "admin_api_key"
 
 

@@ -11,6 +11,7 @@ import importlib.metadata
 import logging
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -335,11 +336,18 @@ class Postgres:
         return f"postgres://{PG_ROLE}@{self._host}:{self._port}/{database}"
 
     def ensure_database(self, name: str) -> bool:
-        """Create database `name` unless it exists; True when it was created now."""
+        """Create database `name` unless it exists; True when it was created now.
+
+        Raises:
+            ValueError: `name` is not a plain identifier (it is written into SQL).
+        """
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", name):
+            raise ValueError(f"not a plain database name: {name!r}")
         conn = ["-h", self._host, "-p", str(self._port), "-U", PG_ROLE]
         found = self._run_tool(
             "psql", *conn, "-d", "postgres", "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-            "-c", f"SELECT 1 FROM pg_database WHERE datname = '{name}'",
+            # `name` was checked to be a plain identifier just above.
+            "-c", f"SELECT 1 FROM pg_database WHERE datname = '{name}'",  # nosec B608
         )  # fmt: skip
         if found.stdout.strip() == "1":
             return False

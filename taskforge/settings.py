@@ -87,8 +87,10 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "taskforge.api.request_log.RequestLogMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
-    "taskforge.api.middleware.RequestSizeLimitMiddleware",
+    "taskforge.api.middleware.BodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Outside the session and CSRF middleware: it sees the cookies they set.
+    "taskforge.api.headers.SecurityHeadersMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -184,10 +186,19 @@ SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-if not DEBUG:
-    SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
-    CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+# TLS (docs/operations.md, "Security"). X-Forwarded-Proto says whether a request
+# came over HTTPS only when a proxy in front sets it: reached directly, anyone
+# could send it. So it is trusted only when TASKFORGE_TRUST_PROXY says a proxy
+# is in front (one that overwrites the header from its clients).
+TASKFORGE_TRUST_PROXY = env.bool("TASKFORGE_TRUST_PROXY", default=False)
+if TASKFORGE_TRUST_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Sent on answers to HTTPS requests only (0: never); cookies on those answers are
+# Secure (taskforge.api.headers). SESSION_COOKIE_SECURE and CSRF_COOKIE_SECURE
+# make them Secure on every answer, for a site that is only ever served over HTTPS.
+SECURE_HSTS_SECONDS = env.int("TASKFORGE_HSTS_SECONDS", default=31_536_000)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["taskforge.api.authentication.ApiKeyAuthentication"],

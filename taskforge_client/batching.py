@@ -64,7 +64,7 @@ def through_outages(
             if time.monotonic() > deadline:
                 raise
             log.warning("%s failed (%s); retrying", what, exc)
-            time.sleep(delay * random.uniform(0.5, 1.0))
+            time.sleep(delay * random.uniform(0.5, 1.0))  # nosec B311
             delay = min(5.0, delay * 2)
 
 

@@ -94,7 +94,9 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to sleep before retry number `attempt` (0-based)."""
-        return random.uniform(0, min(self.backoff_max, self.backoff_base * (2**attempt)))
+        return random.uniform(  # nosec B311
+            0, min(self.backoff_max, self.backoff_base * (2**attempt))
+        )
 
 
 class TaskForge:

@@ -221,7 +221,7 @@ class Worker:
                 failures = 0
             except (ConnectionFailed, ServerError) as exc:
                 failures += 1
-                delay = random.uniform(0.5, 1.0) * min(10.0, 0.5 * 2 ** min(failures, 5))
+                delay = random.uniform(0.5, 1.0)  # nosec B311
                 log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
                 self._stop.wait(delay)
                 continue

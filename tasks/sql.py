@@ -105,7 +105,7 @@ WITH new AS (
 SELECT pg_notify('{DISPATCH_CHANNEL}', %(queue_id)s::text) WHERE %(notify)s
 UNION ALL
 SELECT pg_notify('{SCHEDULER_CHANNEL}', %(wake_at)s::text) WHERE %(wake_at)s::text IS NOT NULL
-""",
+""",  # nosec B608
 )
 
 # -- buffer_due --
@@ -182,7 +182,7 @@ WITH cur AS (
     SELECT id, queue_id, %(now)s, 'claimed', 'executing', %(worker_id)s, attempts FROM moved
 )
 SELECT * FROM moved
-""",
+""",  # nosec B608
 )
 
 # -- ack --
@@ -217,7 +217,7 @@ WITH items AS (
     SELECT id, queue_id, %(now)s, 'executing', 'done', %(worker_id)s, attempts FROM moved
 )
 SELECT * FROM moved
-""",
+""",  # nosec B608
 )
 
 # -- next_due --

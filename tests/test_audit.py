@@ -186,6 +186,18 @@ def test_cli__createqueue_and_createapikey_are_recorded_as_manage_py() -> None:
     ]
 
 
+@pytest.mark.django_db
+def test_cli__revokeapikey_is_recorded_once_as_manage_py() -> None:
+    key, _ = ApiKey.issue(name="leaving", role="worker")
+
+    call_command("revokeapikey", "leaving", stdout=io.StringIO())
+    call_command("revokeapikey", "leaving", stdout=io.StringIO())  # already revoked: no entry
+
+    cli = {"kind": "cli", "name": "manage.py"}
+    assert entries() == [entry("apikey.revoke", None, "leaving", cli, id=key.pk, role="worker")]
+    assert ApiKey.objects.get(pk=key.pk).revoked
+
+
 # The dashboard and Django admin: the user's name ----------------------------------------
 
 

@@ -3,6 +3,12 @@
 The rules every view of workers shares live here: which workers are listed
 (seen in the last hour, API.md GET /workers), which are stale (not seen
 within the heartbeat timeout) and which tasks each holds now.
+
+For people on call, a quiet worker is one of two things (`Worker.state`): one
+that holds no task has *left* (it stopped cleanly, as every deploy stops
+workers: nothing to do), and one that still holds tasks, or whose leases the
+watchdog had to reclaim since it was last seen, is *stale* (it died or hangs:
+worth a look).  GET /workers keeps API.md's `stale` (quiet, whatever it holds).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.db import models
+from django.db.models import Exists, F, OuterRef, Q
 
 from tasks.models import Task, TaskStatus, lease_timeout
 
@@ -34,15 +41,36 @@ def current_tasks(worker_ids: Iterable[str]) -> dict[str, list[str]]:
     return held
 
 
+# What a worker is to people on call (`Worker.state`).
+ACTIVE = "active"
+LEFT = "left"  # quiet, holding no task
+STALE = "stale"  # quiet while holding tasks
+
+
 class WorkerQuerySet(models.QuerySet["Worker"]):
     def recent(self, now: datetime) -> WorkerQuerySet:
         """Workers seen in the last hour (uses the last_seen_at index)."""
         return self.filter(last_seen_at__gte=now - SEEN_WITHIN)
 
+    def with_holding(self) -> WorkerQuerySet:
+        """Annotate `holding`: whether the worker executes a task now (task_claimed_by_idx)."""
+        return self.annotate(
+            holding=Exists(
+                Task.objects.filter(status=TaskStatus.EXECUTING, claimed_by=OuterRef("worker_id"))
+            )
+        )
+
+    def lost_tasks_since_seen(self) -> Q:
+        """Workers whose leases the watchdog reclaimed after they were last seen."""
+        return Q(lost_tasks_at__isnull=False, lost_tasks_at__gte=F("last_seen_at"))
+
 
 class Worker(models.Model):
     worker_id = models.CharField(max_length=200, primary_key=True)
     last_seen_at = models.DateTimeField(db_index=True)
+    # When the watchdog last reclaimed an expired lease of this worker's: a
+    # worker that went quiet and lost tasks died or hangs, it did not leave.
+    lost_tasks_at = models.DateTimeField(null=True, blank=True)
 
     objects = WorkerQuerySet.as_manager()
 
@@ -50,4 +78,16 @@ class Worker(models.Model):
         return self.worker_id
 
     def is_stale(self, now: datetime) -> bool:
+        """Not seen within the heartbeat timeout (API.md's `stale`)."""
         return self.last_seen_at < stale_before(now)
+
+    def lost_tasks(self) -> bool:
+        """The watchdog reclaimed a lease of this worker's after it was last seen."""
+        return self.lost_tasks_at is not None and self.lost_tasks_at >= self.last_seen_at
+
+    def state(self, now: datetime, *, holding: bool) -> str:
+        """ACTIVE, LEFT (quiet, holding no task) or STALE (quiet while holding tasks,
+        or after losing some to the watchdog)."""
+        if not self.is_stale(now):
+            return ACTIVE
+        return STALE if holding or self.lost_tasks() else LEFT

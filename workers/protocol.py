@@ -32,6 +32,7 @@ from django.utils import timezone
 from queues import lookup
 from queues.exceptions import UnknownQueue
 from queues.models import Queue
+from taskforge.api import revocation
 from taskforge.lib import jsonutil, stopping
 from tasks import transitions
 from tasks.buffer import get_buffer, score
@@ -93,16 +94,21 @@ def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> l
 
     `gone` says whether the caller has hung up; a wait it ends hands out
     nothing, so no task is leased to a worker that is no longer listening.
+    A wait also ends, within a second, when the claiming key is revoked.
 
     Raises:
         UnknownQueue: a queue name is unknown.
+        KeyRevoked: the key was revoked while the claim waited.
     """
     queues = resolve_queues(request.queues)
     record_seen(request.worker_id)
     deadline = time.monotonic() + request.wait_seconds
     # Queues this claim found paused (the rows are shared: never set .paused).
     paused = {queue.id for queue in queues if queue.paused}
-    with waiters.interest(str(queue.id) for queue in queues) as wake:
+    with (
+        waiters.interest(str(queue.id) for queue in queues) as wake,
+        revocation.watch_key(request.key_id, wake) as revoked,
+    ):
         while True:
             wake.clear()
             tasks, retry_in = _claim_once(request, queues, paused)
@@ -114,6 +120,8 @@ def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> l
             wake.wait(pause)
             if (gone is not None and gone()) or stopping.stopping():
                 return []
+            if revoked():
+                raise revocation.KeyRevoked()
             # A pause is enforced by the hand-out itself; re-read only to see
             # a paused queue resume.
             if paused:

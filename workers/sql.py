@@ -21,7 +21,7 @@ WHERE t.id = i.id AND {by_id_with_status("t", "executing")} AND {HELD_BY_WORKER}
   AND {HELD_BY_KEY}
   AND (i.attempt IS NULL OR t.attempts = i.attempt)
 RETURNING t.id, t.heartbeat_at
-"""
+"""  # nosec B608
 
 # -- seen --
 # Upsert the worker's last_seen_at, at most once a second per worker.

@@ -76,8 +76,11 @@ class WatchdogLoop(Loop):
                 .select_related("queue")
                 .order_by("heartbeat_at")[:BATCH]
             )
+            holders = {task.claimed_by for task in tasks if task.claimed_by}
             for task in tasks:
                 transitions.expire_lease(task, now=now)
+            # The dashboard tells a worker that lost tasks (stale) from one that left.
+            Worker.objects.filter(worker_id__in=holders).update(lost_tasks_at=now)
         return len(tasks) == BATCH
 
     def reconcile(self) -> int:

@@ -249,6 +249,35 @@ def test_schedules__pause_and_resume_from_the_page(page: Any, live_server: Any) 
     _expect()(row.locator(".pill")).to_have_text("Running")
 
 
+def test_pages__break_no_content_security_policy_rule(page: Any, live_server: Any) -> None:
+    """The pages carry a strict CSP (no inline script or style): nothing on them is refused.
+
+    Issue 14: the issued-key page had an inline handler, and pages inline styles."""
+    refused: list[str] = []
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(f"{page.url}: {message.text}")
+            if "Content Security Policy" in message.text
+            else None
+        ),
+    )
+    task = TaskFactory(queue=QueueFactory(name="csp-q"), status="dead")
+    for path in [
+        "/admin/dashboard/",
+        "/admin/dashboard/tasks/",
+        f"/admin/dashboard/tasks/{task.pk}",
+        "/admin/dashboard/dlq/",
+        "/admin/dashboard/workers/",
+        "/admin/",
+    ]:
+        page.goto(f"{live_server.url}{path}")
+        page.wait_for_load_state("load")
+    page.goto(f"{live_server.url}/admin/dashboard/")
+    _expect()(page.locator("#live")).to_have_attribute("data-state", "live")
+    assert refused == []
+
+
 def test_overview__phone_layout_shows_every_queue_as_a_card(browser: Any, page: Any) -> None:
     QueueFactory(name="emails")
     page.set_viewport_size({"width": 390, "height": 844})

@@ -78,6 +78,7 @@ def test_build__summary_names_unhealthy_queues_worst_first_and_worker_trouble() 
     failing = QueueFactory(name="failing")
     TaskFactory(queue=failing, status="retry")
     Worker.objects.create(worker_id="old", last_seen_at=now - timedelta(minutes=5))
+    TaskFactory(queue=failing, status="executing", worker_id="old")
 
     data = snapshot.build()
 
@@ -86,9 +87,65 @@ def test_build__summary_names_unhealthy_queues_worst_first_and_worker_trouble() 
     assert data["summary"]["title"] == "2 of 3 queues need attention"
     assert [a["text"] for a in data["summary"]["alerts"]] == [
         "No active worker, and 1 tasks are due",
-        "1 worker stopped heartbeating",
+        "1 worker stopped heartbeating while holding tasks",
     ]
-    assert data["workers"] == {"active": 0, "stale": 1}
+    assert data["workers"] == {"active": 0, "stale": 1, "left": 0}
+
+
+@pytest.mark.django_db
+def test_build__a_worker_that_left_raises_no_alarm() -> None:
+    """Issue 14 (on-call noise): every deploy stops workers cleanly, and each one
+    turned the overview to "needs attention" once it went quiet."""
+    now = timezone.now()
+    fine = QueueFactory(name="fine")
+    Worker.objects.create(worker_id="busy", last_seen_at=now)
+    Worker.objects.create(worker_id="drained", last_seen_at=now - timedelta(minutes=5))
+    TaskFactory(queue=fine, status="done", worker_id="drained")
+
+    data = snapshot.build()
+
+    assert data["summary"]["health"] == "ok"
+    assert data["summary"]["alerts"] == []
+    assert data["summary"]["title"] == "All 1 queue healthy"
+    assert data["workers"] == {"active": 1, "stale": 0, "left": 1}
+
+
+@pytest.mark.django_db
+def test_build__a_worker_whose_leases_the_watchdog_reclaimed_still_needs_attention() -> None:
+    """A crashed worker holds nothing once the watchdog took its tasks back: it did
+    not leave, and stays stale until it is seen again."""
+    now = timezone.now()
+    QueueFactory(name="fine")
+    Worker.objects.create(
+        worker_id="crashed",
+        last_seen_at=now - timedelta(minutes=5),
+        lost_tasks_at=now - timedelta(minutes=4),
+    )
+    Worker.objects.create(
+        worker_id="back",  # lost tasks once, and was seen since
+        last_seen_at=now - timedelta(minutes=2),
+        lost_tasks_at=now - timedelta(minutes=4),
+    )
+
+    data = snapshot.build()
+
+    assert data["summary"]["health"] == "warn"
+    assert data["workers"] == {"active": 0, "stale": 1, "left": 1}
+
+
+@pytest.mark.django_db
+def test_build__a_quiet_worker_holding_tasks_needs_attention() -> None:
+    now = timezone.now()
+    QueueFactory(name="fine")
+    Worker.objects.create(worker_id="busy", last_seen_at=now)
+    Worker.objects.create(worker_id="hung", last_seen_at=now - timedelta(minutes=5))
+    TaskFactory(status="executing", worker_id="hung")
+
+    data = snapshot.build()
+
+    assert data["summary"]["health"] == "warn"
+    assert data["summary"]["title"] == "Queues healthy; workers need attention"
+    assert data["workers"] == {"active": 1, "stale": 1, "left": 0}
 
 
 @pytest.mark.django_db

@@ -9,10 +9,12 @@ import time
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.test import Client
 
 from dashboard import snapshot, sse
 from queues.tests.factories import QueueFactory
+from taskforge.api import revocation
 from tasks.tests.factories import TaskFactory
 
 pytestmark = pytest.mark.django_db
@@ -30,7 +32,7 @@ def _events(body: str) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """A fake clock and sleep for the stream's own calls only.
+    """A fake clock and wait for the stream's own calls only.
 
     `time` is one module for the whole process: other callers (the Redis
     listener thread of an earlier test, say) keep the real clock and sleep,
@@ -40,21 +42,19 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     monkeypatch.setattr(sse, "INTERVAL_SECONDS", 2.0)
     monkeypatch.setattr(sse, "LIFETIME_SECONDS", 7.0)
     clock = iter(range(0, 1000, 2))  # each monotonic() call of the stream: 2 s later
-    real_sleep, real_monotonic = time.sleep, time.monotonic
+    real_monotonic = time.monotonic
 
     def from_sse() -> bool:
         return sys._getframe(2).f_globals.get("__name__") == sse.__name__
 
-    def sleep(seconds: float) -> None:
-        if from_sse():
-            slept.append(seconds)
-        else:
-            real_sleep(seconds)
+    def wait(woken: threading.Event, seconds: float, allowed: Any) -> bool:
+        slept.append(seconds)
+        return True
 
     def monotonic() -> float:
         return float(next(clock)) if from_sse() else real_monotonic()
 
-    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(sse, "_wait", wait)
     monkeypatch.setattr(time, "monotonic", monotonic)
     monkeypatch.setattr(snapshot, "MAX_AGE_SECONDS", 0.0)
     return slept
@@ -142,3 +142,68 @@ def test_stream__only_for_staff() -> None:
     response = Client().get(URL)
 
     assert response.status_code == 302
+
+
+def _wait_subscribed() -> None:
+    deadline = time.monotonic() + 5
+    while not revocation.listener.subscribed():
+        assert time.monotonic() < deadline, "the revocation listener did not subscribe"
+        time.sleep(0.02)
+
+
+def _deactivate(user: User) -> None:
+    user.is_active = False
+    user.save()
+
+
+def _unstaff(user: User) -> None:
+    user.is_staff = False
+    user.save(update_fields=["is_staff"])
+
+
+def _delete(user: User) -> None:
+    user.delete()
+
+
+@pytest.mark.parametrize("take_away", [_deactivate, _unstaff, _delete])
+def test_stream__ends_within_a_second_when_its_user_loses_access(
+    staff_client: Client,
+    staff_user: User,
+    take_away: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Issue 14: a stream went on for its whole lifetime (3 minutes) after its user
+    was deactivated."""
+    QueueFactory(name="q")
+    _wait_subscribed()
+    response = staff_client.get(URL)
+    stream = iter(response.streaming_content)  # type: ignore[attr-defined]
+    next(stream)  # retry
+    next(stream)  # the first snapshot; the stream now watches its user
+
+    with django_capture_on_commit_callbacks(execute=True):
+        take_away(staff_user)
+    began = time.monotonic()
+    rest = list(stream)  # the stream ends
+
+    assert time.monotonic() - began < 1.0
+    assert rest == []
+    response.close()
+
+
+def test_stream__goes_on_when_its_user_keeps_access(
+    staff_client: Client, staff_user: User, django_capture_on_commit_callbacks: Any
+) -> None:
+    QueueFactory(name="q")
+    _wait_subscribed()
+    response = staff_client.get(URL)
+    stream = iter(response.streaming_content)  # type: ignore[attr-defined]
+    next(stream)
+    next(stream)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        staff_user.first_name = "On"
+        staff_user.save()  # named, but still active staff
+
+    assert next(stream).startswith(b"event: snapshot")
+    response.close()

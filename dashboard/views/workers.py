@@ -1,4 +1,4 @@
-"""The workers page: who was seen, who is stale, what each holds."""
+"""The workers page: who was seen, who left, who is stale, what each holds."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dashboard import formatting as fmt
 from dashboard import roles
 from dashboard.views.base import page
 from tasks.models import lease_timeout
-from workers.models import Worker, current_tasks
+from workers.models import ACTIVE, LEFT, STALE, Worker, current_tasks
 
 WORKERS_SHOWN = 500
 TASKS_PER_WORKER_SHOWN = 20
@@ -39,7 +39,7 @@ def workers(request: HttpRequest) -> HttpResponse:
     rows: list[dict[str, Any]] = [
         {
             "worker": worker,
-            "stale": worker.is_stale(now),
+            "state": worker.state(now, holding=bool(current.get(worker.worker_id))),
             "last_seen": fmt.timestamp(worker.last_seen_at),
             "last_seen_ago": fmt.ago(worker.last_seen_at, now),
             "tasks": [
@@ -51,16 +51,19 @@ def workers(request: HttpRequest) -> HttpResponse:
         }
         for worker in seen
     ]
-    rows.sort(key=lambda row: (not row["stale"], row["worker"].worker_id))
-    stale = sum(1 for row in rows if row["stale"])
+    # Stale first (worth a look), then active, then those that left.
+    order = {STALE: 0, ACTIVE: 1, LEFT: 2}
+    rows.sort(key=lambda row: (order[row["state"]], row["worker"].worker_id))
+    counts = {state: sum(1 for row in rows if row["state"] == state) for state in order}
     return render(
         request,
         "dashboard/workers.html",
         {
             "rows": rows,
             "cut": cut,
-            "stale_count": stale,
-            "active_count": len(rows) - stale,
+            "stale_count": counts[STALE],
+            "active_count": counts[ACTIVE],
+            "left_count": counts[LEFT],
             "timeout": lease_timeout().total_seconds(),
             "nav": "workers",
         },

@@ -15,3 +15,8 @@ class ApiConfig(AppConfig):
 
         # Registers the OpenAPI security scheme of our API keys.
         from taskforge.api import schema  # noqa: F401
+
+        # A dashboard stream ends when its user loses access (taskforge.api.revocation).
+        from taskforge.api.revocation import connect_signals
+
+        connect_signals()

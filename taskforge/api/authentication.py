@@ -11,6 +11,7 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
+from taskforge.api import revocation
 from taskforge.api.models import ApiKey, hash_key
 from taskforge.lib.ttlcache import TTLCache
 
@@ -19,22 +20,30 @@ from taskforge.lib.ttlcache import TTLCache
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
-# Valid keys are remembered per process for a few seconds: every request
-# would otherwise pay a query for the same row.  A revoked key stops working
-# within KEY_CACHE_SECONDS.  Unknown keys are never cached.
+# Valid keys are remembered per process: every request would otherwise pay a
+# query for the same row.  An entry counts only while the revocation epoch it
+# was read in is current and the revocation listener is subscribed
+# (`taskforge.api.revocation`), so a revoked key stops working in every
+# process within a second.  KEY_CACHE_SECONDS bounds the rest: were the
+# revocation's message lost on its way to a subscribed process (Redis
+# unreachable from where the key was revoked), the key works there no longer.
+# Unknown keys are never cached.
 KEY_CACHE_SECONDS = 5.0
-_key_cache: TTLCache[ApiKey] = TTLCache(KEY_CACHE_SECONDS)
+_key_cache: TTLCache[tuple[ApiKey, int]] = TTLCache(KEY_CACHE_SECONDS)
 
 
 def _lookup(key_hash: str) -> ApiKey | None:
-    api_key = _key_cache.get(key_hash)
-    if api_key is not None:
-        return api_key
+    epoch = revocation.listener.trusted_epoch()
+    hit = _key_cache.get(key_hash)
+    if hit is not None and epoch is not None and hit[1] == epoch:
+        return hit[0]
+    # Read after taking the epoch: a revocation that commits meanwhile moves
+    # the epoch on, and this entry is not used again.
     api_key = ApiKey.objects.active().filter(key_hash=key_hash).first()
-    if api_key is None:
+    if api_key is None or epoch is None:
         _key_cache.forget(key_hash)
     else:
-        _key_cache.put(key_hash, api_key)
+        _key_cache.put(key_hash, (api_key, epoch))
     return api_key
 
 

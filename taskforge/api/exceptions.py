@@ -114,7 +114,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 
     if isinstance(exc, TaskForgeError):
         set_rollback()
-        return Response(error_body(exc.code, exc.message), status=exc.status_code)
+        if exc.status_code == status.HTTP_401_UNAUTHORIZED:
+            headers["WWW-Authenticate"] = 'Bearer realm="taskforge"'
+        return Response(error_body(exc.code, exc.message), status=exc.status_code, headers=headers)
 
     if isinstance(exc, drf.APIException):
         set_rollback()

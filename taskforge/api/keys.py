@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import QuerySet
 
+from taskforge.api import revocation
 from taskforge.api.models import ApiKey
 from taskforge.audit.log import Actor, record
 from taskforge.audit.models import Action
@@ -28,7 +29,12 @@ def issue(name: str, role: str, *, actor: Actor) -> tuple[ApiKey, str]:
 
 
 def revoke(keys: QuerySet[ApiKey], *, actor: Actor) -> int:
-    """Revoke the keys not revoked yet among `keys`, one audit entry each; return how many."""
+    """Revoke the keys not revoked yet among `keys`, one audit entry each; return how many.
+
+    The change commits, then every API process hears of it
+    (taskforge.api.revocation): within a second each answers 401 to those
+    keys and ends their long polls.
+    """
     with transaction.atomic():
         # Lock order: by id, so two revocations of overlapping sets cannot deadlock.
         active = list(keys.filter(revoked=False).select_for_update().order_by("id"))
@@ -40,4 +46,5 @@ def revoke(keys: QuerySet[ApiKey], *, actor: Actor) -> int:
                 target=key.name,
                 details={"id": key.pk, "role": key.role},
             )
+            revocation.publish_on_commit(revocation.key_topic(key.pk))
     return len(active)

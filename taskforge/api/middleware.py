@@ -1,31 +1,115 @@
-"""Request-size guard that answers before Django reads the body."""
+"""Bounded bodies: a request over its endpoint's limit is refused before it is read.
+
+API.md v1.1 ("bounded parsing"): 413 `payload_too_large` for a single-task body
+(enqueue, heartbeat, ack, nack) over twice TASKFORGE_MAX_PAYLOAD_BYTES plus
+4096 bytes, and for any body over TASKFORGE_MAX_REQUEST_BYTES.  A declared
+Content-Length is checked first; a chunked body (no Content-Length) is counted
+while it is read and refused as soon as it passes the limit, so neither kind
+costs more memory than its endpoint allows.  A view says which limit is its
+own with `body_limit = SINGLE_TASK` (on the class of a DRF view, or on a
+function view); every other view has TASKFORGE_MAX_REQUEST_BYTES.
+"""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
 from taskforge.api.responses import error_response
 from taskforge.conf import conf
 
+SINGLE_TASK = "single_task"
 
-class RequestSizeLimitMiddleware:
-    """413 `payload_too_large` for a body declared larger than the limit.
+# A chunked body is read in pieces of this size.
+_CHUNK = 64 * 1024
 
-    A body without Content-Length is capped by DATA_UPLOAD_MAX_MEMORY_SIZE,
-    which the exception handler maps to the same answer.
+
+def single_task_limit() -> int:
+    """The largest body a single-task call may send: its payload or result twice
+    over (JSON escapes) plus room for the other fields."""
+    return 2 * conf.MAX_PAYLOAD_BYTES + 4096
+
+
+def body_limit(view: Callable[..., Any] | None) -> int:
+    """The body limit of `view` (see the module's docstring)."""
+    owner = getattr(view, "cls", view)  # DRF's as_view() keeps the class as `cls`
+    if getattr(owner, "body_limit", None) == SINGLE_TASK:
+        return min(single_task_limit(), conf.MAX_REQUEST_BYTES)
+    return conf.MAX_REQUEST_BYTES
+
+
+def _too_large(limit: int) -> HttpResponse:
+    return error_response(
+        413, "payload_too_large", f"The request body is larger than {limit} bytes."
+    )
+
+
+def _declared_length(request: HttpRequest) -> int | None:
+    raw = request.META.get("CONTENT_LENGTH")
+    if raw and raw.isascii() and raw.isdigit():
+        return int(raw)
+    return None
+
+
+def _chunked_input(request: HttpRequest) -> Any:
+    """The stream of a chunked body without Content-Length, or None.
+
+    Under WSGI, only a server that says it ends the input at the body's end
+    (`wsgi.input_terminated`, as gunicorn does) lets us read it; any other
+    request without Content-Length has no body to Django.
     """
+    if _declared_length(request) is not None:
+        return None
+    if "chunked" not in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+        return None
+    if "wsgi.input" in request.META:
+        return request.META["wsgi.input"] if request.META.get("wsgi.input_terminated") else None
+    return getattr(request, "_stream", None)  # ASGI: the server's (spooled) body
+
+
+class BodyLimitMiddleware:
+    """413 `payload_too_large` before a body over its endpoint's limit is read."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        length = request.META.get("CONTENT_LENGTH")
-        if length and length.isdigit() and int(length) > conf.MAX_REQUEST_BYTES:
-            return error_response(
-                413,
-                "payload_too_large",
-                f"The request body is larger than {conf.MAX_REQUEST_BYTES} bytes.",
-            )
+        # The request-wide limit first: it needs no URL resolution.
+        length = _declared_length(request)
+        if length is not None and length > conf.MAX_REQUEST_BYTES:
+            return _too_large(conf.MAX_REQUEST_BYTES)
         return self.get_response(request)
+
+    def process_view(
+        self,
+        request: HttpRequest,
+        view: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+    ) -> HttpResponse | None:
+        limit = body_limit(view)
+        length = _declared_length(request)
+        if length is not None:
+            return _too_large(limit) if length > limit else None
+        stream = _chunked_input(request)
+        if stream is None:
+            return None
+        # Count while reading; stop one byte past the limit.
+        pieces: list[bytes] = []
+        size = 0
+        while size <= limit:
+            piece = stream.read(min(_CHUNK, limit + 1 - size))
+            if not piece:
+                break
+            pieces.append(piece)
+            size += len(piece)
+        if size > limit:
+            return _too_large(limit)
+        body = b"".join(pieces)
+        # From here on the request reads as if it had said its Content-Length.
+        request.META["CONTENT_LENGTH"] = str(len(body))
+        request._stream = io.BytesIO(body)
+        return None

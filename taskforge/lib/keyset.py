@@ -21,6 +21,7 @@ from typing import Any
 
 from django.db.models import Model, Q
 
+from taskforge.lib import jsonutil
 from taskforge.lib.timeutil import parse_time
 
 
@@ -50,11 +51,12 @@ def decode(cursor: str, width: int) -> list[Any]:
     """The `width` values of a cursor.
 
     Raises:
-        BadCursor: not base64 of a JSON list of that many plain values.
+        BadCursor: not base64 of a JSON list of that many plain values (nested
+            no deeper than jsonutil.MAX_DEPTH, like any JSON TaskForge reads).
     """
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        plain = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        plain = jsonutil.loads(base64.urlsafe_b64decode(padded.encode()))
         if not isinstance(plain, list) or len(plain) != width:
             raise ValueError("wrong shape")
         values = [parse_time(v["t"]) if isinstance(v, dict) else v for v in plain]

@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from queues.api.lookup import QueueLookupMixin
 from queues.models import Queue
+from taskforge.api.middleware import SINGLE_TASK
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import PRODUCER
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
@@ -56,6 +57,7 @@ class TaskLookupMixin(QueueLookupMixin):
 
 class TaskListView(QueueLookupMixin, APIView):
     roles = {"GET": PRODUCER, "POST": PRODUCER}
+    body_limit = SINGLE_TASK  # the enqueue body
 
     @extend_schema(
         operation_id="tasks_list",

@@ -10,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from taskforge.api.middleware import SINGLE_TASK
 from taskforge.api.models import ApiKey
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.peer import disconnected
@@ -98,6 +99,7 @@ class ClaimView(APIView):
 
 class HeartbeatView(APIView):
     roles = {"POST": WORKER}
+    body_limit = SINGLE_TASK
 
     @extend_schema(
         operation_id="workers_heartbeat",
@@ -127,6 +129,7 @@ class HeartbeatView(APIView):
 
 class AckView(APIView):
     roles = {"POST": WORKER}
+    body_limit = SINGLE_TASK
 
     @extend_schema(
         operation_id="workers_ack",
@@ -150,6 +153,7 @@ class AckView(APIView):
 
 class NackView(APIView):
     roles = {"POST": WORKER}
+    body_limit = SINGLE_TASK
 
     @extend_schema(
         operation_id="workers_nack",

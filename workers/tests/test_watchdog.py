@@ -41,6 +41,24 @@ def test_expire_leases__failed_attempt_then_dead() -> None:
     assert DeadLetterTask.objects.get(task=last).last_error == LEASE_EXPIRED_ERROR
 
 
+def test_expire_leases__marks_the_worker_that_lost_them() -> None:
+    """The dashboard tells a crashed worker (stale) from one that left cleanly."""
+    seen = timezone.now() - timedelta(seconds=40)
+    Worker.objects.create(worker_id="crashed", last_seen_at=seen)
+    Worker.objects.create(worker_id="drained", last_seen_at=seen)
+    expired = TaskFactory(status=S.EXECUTING, worker_id="crashed")
+    age_lease(expired, 31)
+
+    WatchdogLoop().expire_leases()
+
+    crashed = Worker.objects.get(pk="crashed")
+    assert crashed.lost_tasks_at is not None and crashed.lost_tasks()
+    assert crashed.state(timezone.now(), holding=False) == "stale"
+    drained = Worker.objects.get(pk="drained")
+    assert drained.lost_tasks_at is None
+    assert drained.state(timezone.now(), holding=False) == "left"
+
+
 def test_reconcile__restores_claimed_tasks_missing_from_redis(settings) -> None:
     settings.TASKFORGE_BUFFER_RECONCILE_SECONDS = 3
     queue = QueueFactory()

@@ -176,6 +176,10 @@
     if (stale) stale.textContent = snapshot.workers.stale;
     var wrap = document.querySelector('[data-summary="workers-stale-wrap"]');
     if (wrap) wrap.hidden = !snapshot.workers.stale;
+    var left = document.querySelector('[data-summary="workers-left"]');
+    if (left) left.textContent = snapshot.workers.left;
+    var leftWrap = document.querySelector('[data-summary="workers-left-wrap"]');
+    if (leftWrap) leftWrap.hidden = !snapshot.workers.left;
     var chip = document.getElementById("workers-chip");
     if (chip) chip.classList.toggle("chip-warn", snapshot.workers.stale > 0);
   }
