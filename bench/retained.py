@@ -52,7 +52,7 @@ SELECT id, %(queue_id)s::uuid, %(payload)s::jsonb, status, 5, at,
        CASE WHEN status = 'done' THEN '{{"ok": true}}'::jsonb END,
        NULL, at, at + interval '5 ms', at + interval '5 ms', at + interval '5 ms'
 FROM ({_SERIES}) g
-"""
+"""  # nosec B608 - constants only
 
 FILL_EVENTS = f"""
 INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt,
@@ -73,7 +73,7 @@ FROM ({_SERIES}) g, LATERAL (
         AS v(offset_ms, from_status, to_status, worker, attempt)
     WHERE g.status = 'cancelled'
 ) e
-"""
+"""  # nosec B608 - constants only
 
 FILL_DLQ = """
 INSERT INTO dlq_deadlettertask (task_id, queue_id, payload, last_error, attempts, died_at,

@@ -143,7 +143,7 @@ WITH picked AS (
 )
 SELECT id, priority, scheduled_at, attempts, previous_changed_at FROM moved
 ORDER BY priority, scheduled_at, id
-""",
+""",  # nosec B608 - constants only; values are bound parameters
     # jit too: a plan with sorting off carries its huge cost, which would
     # otherwise buy it a JIT compilation (hundreds of ms) on every call.
     off=("enable_sort", "jit"),

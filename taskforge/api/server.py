@@ -60,9 +60,11 @@ class ServerSettings:
     @classmethod
     def from_environ(cls) -> ServerSettings:
         env = os.environ
-        host, _, port = env.get("TASKFORGE_BIND", "0.0.0.0:8080").rpartition(":")
+        bind = env.get("TASKFORGE_BIND", "0.0.0.0:8080")  # nosec B104 - as above
+        host, _, port = bind.rpartition(":")
         return cls(
-            host=host.strip("[]") or "0.0.0.0",
+            # All interfaces: the documented default of TASKFORGE_BIND (a container's port).
+            host=host.strip("[]") or "0.0.0.0",  # nosec B104
             port=int(port),
             workers=int(env.get("TASKFORGE_WEB_WORKERS", multiprocessing.cpu_count())),
             threads=int(env.get("TASKFORGE_WEB_THREADS", 1024)),
