@@ -4,8 +4,9 @@ A claim that found nothing registers interest in its queues and waits on an
 Event.  The dispatcher publishes the ids of queues it just filled on
 `tf:wake`; this process's listener thread sets the Events of every waiter on
 those queues, so a waiting claim tries again within milliseconds without
-polling Postgres.  Waiters also wake on their own at least once a second, so
-a lost message or a Redis restart costs at most that second.
+polling Postgres.  While the listener is subscribed (`listening()`), a
+waiter that was not woken looks again only every few seconds (a message
+lost in a reconnect costs at most that); while it is not, every second.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Waiters:
         self._by_queue: dict[str, set[threading.Event]] = {}
         self._thread: threading.Thread | None = None
         self._pid = 0
+        self._subscribed = False
 
     @contextmanager
     def interest(self, queue_ids: Iterable[str]) -> Iterator[threading.Event]:
@@ -63,6 +65,10 @@ class Waiters:
         for event in events:
             event.set()
 
+    def listening(self) -> bool:
+        """Is this process's listener subscribed (so wake-ups arrive)?"""
+        return self._subscribed and self._pid == os.getpid()
+
     def _ensure_listener(self) -> None:
         if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
             return
@@ -80,6 +86,7 @@ class Waiters:
             try:
                 pubsub = get_client().pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(WAKE_CHANNEL)
+                self._subscribed = True
                 while True:
                     message = pubsub.get_message(timeout=5.0)
                     if message is None:
@@ -88,6 +95,7 @@ class Waiters:
                     if isinstance(data, bytes):
                         self.notify(data.decode().split(","))
             except Exception as exc:
+                self._subscribed = False
                 logger.warning("wakeup.listener_error", extra={"error": repr(exc)})
                 time.sleep(_RECONNECT_DELAY)
             finally:

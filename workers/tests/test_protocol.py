@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ from django.utils import timezone
 
 from queues.exceptions import UnknownQueue
 from queues.tests.factories import QueueFactory
+from tasks import wakeup
 from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskStatus, lease_timeout
 from tasks.tests.factories import TaskFactory
@@ -55,6 +57,30 @@ def test_claim__a_client_gone_during_the_wait_gets_nothing() -> None:
         protocol.ClaimRequest("w1", ["q"], wait_seconds=5), gone=lambda: next(answers)
     )
     assert got == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("listening", "looks"), [(True, (2, 3)), (False, (9, 14))])
+def test_claim__an_idle_wait_looks_again_when_woken_or_now_and_then(
+    monkeypatch: pytest.MonkeyPatch, listening: bool, looks: tuple[int, int]
+) -> None:
+    """Issue 11: 1,000 idle pollers looking every second kept 0.2 of a core busy. With
+    the wake-up listener subscribed, a wait looks again only every QUIET_LOOK_SECONDS
+    (here 1 s, slices of 0.2 s); without it, every slice."""
+    QueueFactory(name="q")
+    monkeypatch.setattr(protocol, "MAX_WAIT_SLICE", 0.2)
+    monkeypatch.setattr(protocol, "QUIET_LOOK_SECONDS", 1.0)
+    monkeypatch.setattr(wakeup.waiters, "listening", lambda: listening)
+    calls: list[float] = []
+    real = protocol._claim_once
+
+    def counted(*args: Any) -> Any:
+        calls.append(time.monotonic())
+        return real(*args)
+
+    monkeypatch.setattr(protocol, "_claim_once", counted)
+    assert protocol.claim(protocol.ClaimRequest("w1", ["q"], wait_seconds=2.1)) == []
+    assert looks[0] <= len(calls) <= looks[1], calls
 
 
 def test_heartbeat__extends_the_lease_and_keeps_the_history() -> None:
