@@ -1,7 +1,8 @@
 """The Redis side of dispatch: every key name and Lua script lives here.
 
 Per queue, with the queue id as hash tag so one script touches one slot and
-TaskForge runs unchanged on Redis Cluster:
+TaskForge runs on a Redis Cluster (`redis+cluster://` URLs, see
+taskforge.lib.redisconn):
 
 - `tf:{<queue-id>}:ready`  sorted set of buffered task ids (status `claimed`
   in Postgres), scored by priority then `scheduled_at` (see `score`).
@@ -11,7 +12,8 @@ per task, `tf:{<task-id>}:hb`, a capped list of its recent heartbeat times
 (a diagnostic for the dashboard, see `workers.heartbeats`),
 
 and one pub/sub channel, `tf:wake`, on which the dispatcher names the queues
-it just filled so waiting long polls try again at once.
+it just filled so waiting long polls try again at once.  A classic PUBLISH
+reaches the subscribers of every node of a cluster.
 
 Redis is only a buffer: Postgres says what a task's status is.  Losing any
 of these keys loses no task; the watchdog's reconcile puts `claimed` tasks
@@ -29,8 +31,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
-import redis
 from django.conf import settings
+from redis.cluster import RedisCluster
+
+from taskforge.lib.redisconn import Client, connect
 
 WAKE_CHANNEL = "tf:wake"
 # Set once by a dispatcher; its absence means Redis lost its data.
@@ -124,7 +128,7 @@ class Taken:
 class Buffer:
     """The per-queue dispatch buffer in Redis."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
         self._take = client.register_script(_TAKE)
 
@@ -141,6 +145,12 @@ class Buffer:
         if not wake:
             # ZADD NX answers the number added (redis-py types it int | float | None).
             return cast(int, self.client.zadd(ready_key(queue_id), mapping, nx=True))
+        if isinstance(self.client, RedisCluster):
+            # A cluster pipeline refuses PUBLISH (it names no key): two round
+            # trips, the set first so a woken claim finds the tasks.
+            added = cast(int, self.client.zadd(ready_key(queue_id), mapping, nx=True))
+            self.client.publish(WAKE_CHANNEL, str(queue_id))
+            return added
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(ready_key(queue_id), mapping, nx=True)
         pipe.publish(WAKE_CHANNEL, str(queue_id))
@@ -202,32 +212,33 @@ def _text(value: bytes | str) -> str:
 
 _local = threading.local()
 _pid = 0
-_client: redis.Redis | None = None
+_client: Client | None = None
 _client_lock = threading.Lock()
 
 
-def get_client() -> redis.Redis:
+def get_client() -> Client:
     """This process's Redis client (one connection pool, rebuilt after fork).
 
-    The pool holds up to REDIS_POOL_MAX connections; a thread that finds them
-    all in use waits for one (up to 5 s, then the request answers 503) rather
-    than failing at once: a burst of hundreds of claims in one API process
-    is normal, and each holds a connection for a round trip or two.
+    A `RedisCluster` when REDIS_URL names a cluster (taskforge.lib.redisconn),
+    with one such pool per node.  The pool holds up to REDIS_POOL_MAX
+    connections; a thread that finds them all in use waits for one (up to
+    5 s, then the request answers 503) rather than failing at once: a burst
+    of hundreds of claims in one API process is normal, and each holds a
+    connection for a round trip or two.
     """
     global _client, _pid
     if _client is None or _pid != os.getpid():
         with _client_lock:
             if _client is None or _pid != os.getpid():
-                pool = redis.BlockingConnectionPool.from_url(
+                _client = connect(
                     settings.REDIS_URL,
                     max_connections=settings.REDIS_POOL_MAX,
-                    timeout=5,
+                    blocking_timeout=5,
                     socket_connect_timeout=2,
                     socket_timeout=5,
                     health_check_interval=30,
                     retry_on_timeout=False,
                 )
-                _client = redis.Redis(connection_pool=pool)
                 _pid = os.getpid()
     return _client
 

@@ -27,12 +27,12 @@ from typing import Any
 
 import psycopg
 from django.db import connection, transaction
-from redis.exceptions import RedisError
 
 from queues.models import Queue
 from queues.notify import DISPATCH_CHANNEL
 from taskforge.conf import conf
 from taskforge.lib.loop import SLEEP_SLICE, Loop
+from taskforge.lib.redisconn import REDIS_FAILURES
 from tasks import transitions
 from tasks.buffer import get_buffer, score
 from tasks.models import Task, TaskStatus
@@ -133,7 +133,7 @@ class DispatcherLoop(Loop):
                 [(task_id, score(priority, due)) for task_id, priority, due in tasks],
                 wake=True,
             )
-        except RedisError:
+        except REDIS_FAILURES:
             # Back to pending now rather than after the reconcile delay.
             self._unbuffer(queue, [task_id for task_id, _, _ in tasks])
             raise

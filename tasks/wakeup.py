@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+from taskforge.lib.redisconn import subscriber
 from tasks.buffer import WAKE_CHANNEL, get_client
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class Waiters:
         while True:
             pubsub = None
             try:
-                pubsub = get_client().pubsub(ignore_subscribe_messages=True)
+                pubsub = subscriber(get_client())
                 pubsub.subscribe(WAKE_CHANNEL)
                 while True:
                     message = pubsub.get_message(timeout=5.0)
