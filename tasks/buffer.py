@@ -1,12 +1,16 @@
 """The Redis side of dispatch: every key name and Lua script lives here.
 
-Per queue, with the queue id as hash tag so one script touches one slot and
-TaskForge runs on a Redis Cluster (`redis+cluster://` URLs, see
-taskforge.lib.redisconn):
+Per queue, with the queue id as hash tag so that every key of a queue sits in
+one slot, and each script, pipeline and multi-key command touches one slot
+(a Redis Cluster refuses any other; see taskforge.lib.redisconn for
+`redis+cluster://` URLs):
 
 - `tf:{<queue-id>}:ready`  sorted set of buffered task ids (status `claimed`
   in Postgres), scored by priority then `scheduled_at` (see `score`).
 - `tf:{<queue-id>}:bucket` hash `{tokens, ts}`: the queue's token bucket.
+- `tf:{<queue-id>}:epoch`  set by a dispatcher; missing means the keys of
+  the queue were lost (a restart without persistence, a FLUSHALL, a cluster
+  node that came back empty), and the dispatcher re-buffers the queue at once.
 
 per task, `tf:{<task-id>}:hb`, a capped list of its recent heartbeat times
 (a diagnostic for the dashboard, see `workers.heartbeats`),
@@ -37,8 +41,6 @@ from redis.cluster import RedisCluster
 from taskforge.lib.redisconn import Client, connect
 
 WAKE_CHANNEL = "tf:wake"
-# Set once by a dispatcher; its absence means Redis lost its data.
-EPOCH_KEY = "tf:epoch"
 
 # priority (1..10) * 1e13 + scheduled_at in ms (~1.8e12 today, < 1e13 until
 # year 2286): exact in a double, and orders by priority, then time.
@@ -51,6 +53,11 @@ def ready_key(queue_id: uuid.UUID | str) -> str:
 
 def bucket_key(queue_id: uuid.UUID | str) -> str:
     return f"tf:{{{queue_id}}}:bucket"
+
+
+def epoch_key(queue_id: uuid.UUID | str) -> str:
+    """Set by a dispatcher; its absence means the queue's keys were lost."""
+    return f"tf:{{{queue_id}}}:epoch"
 
 
 def heartbeats_key(task_id: uuid.UUID | str) -> str:
@@ -189,9 +196,21 @@ class Buffer:
         popped = self.client.zpopmax(ready_key(queue_id), count)
         return [_text(member) for member, _ in cast(_Scored, popped)]
 
-    def ensure_epoch(self) -> bool:
-        """Mark this Redis as known; True when the mark was missing (data lost)."""
-        return bool(self.client.set(EPOCH_KEY, str(time.time()), nx=True))
+    def lost_queues(self, queue_ids: Iterable[uuid.UUID | str]) -> list[str]:
+        """Mark each queue's slot as known; return the queues whose mark was missing.
+
+        A missing mark means the Redis (or, in a cluster, the node) holding
+        that queue's keys lost its data since the last call, or the queue is
+        new.  One pipelined round trip (one per node in a cluster).
+        """
+        keys = [str(q) for q in queue_ids]
+        if not keys:
+            return []
+        stamp = str(time.time())
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.set(epoch_key(key), stamp, nx=True)
+        return [key for key, was_missing in zip(keys, pipe.execute(), strict=True) if was_missing]
 
     def size(self, queue_id: uuid.UUID | str) -> int:
         return int(self.client.zcard(ready_key(queue_id)))
@@ -203,7 +222,7 @@ class Buffer:
             self.client.publish(WAKE_CHANNEL, names)
 
     def forget_queue(self, queue_id: uuid.UUID | str) -> None:
-        self.client.delete(ready_key(queue_id), bucket_key(queue_id))
+        self.client.delete(ready_key(queue_id), bucket_key(queue_id), epoch_key(queue_id))
 
 
 def _text(value: bytes | str) -> str:
