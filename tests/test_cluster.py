@@ -1,0 +1,214 @@
+"""TaskForge on a 3-master Redis Cluster (REDIS_URL `redis+cluster://...`).
+
+The module starts its own cluster on free loopback ports from the
+`redis-server` on PATH (tests/rediscluster.py) and points the whole service
+at it: run_api (two processes) and the three loops get the cluster URL as
+REDIS_URL, as an operator would set it.  Then:
+
+- the engine tests of test_faults that only measure the service run again
+  unchanged: claim order (priority, then FIFO), the rate limit across both
+  API processes (one token bucket in the queue's slot), the long-poll wake-up
+  (a PUBLISH on one node reaching the listeners subscribed on another), DLQ
+  replay;
+- the fleet workload of test_faults (ack, nack, abandon, zombie, slow
+  workers) with a FLUSHALL of the node that holds the queue's keys mid-run:
+  no task lost, no attempt handed out twice, hand-outs resume at once;
+- Django's cache on the cluster (taskforge.lib.cache);
+- /readyz of every service start is the cluster check (every primary answers,
+  cluster_state ok).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+from django.conf import settings
+from redis.cluster import RedisCluster as ClusterClient
+
+import tasks.buffer
+from queues.models import Queue
+from taskforge.lib.cache import RedisClusterCache
+from taskforge.lib.redisconn import connect
+from tasks.buffer import ready_key
+from tasks.models import Task, TaskStatus
+from tests.rediscluster import RedisCluster, redis_server
+from tests.service import Service
+from tests.test_faults import (  # noqa: F401  (fixtures and tests run here against the cluster)
+    SLACK,
+    Clients,
+    Fleet,
+    api,
+    create_queue,
+    knobs,
+    mix,
+    run_fleet_to_completion,
+    service,
+    services,
+    shared_service,
+    status_counts,
+    terminal,
+    test_claim__priority_order_then_fifo,
+    test_dlq__dead_tasks_replayed_to_completion,
+    test_long_poll__claim_returns_within_100ms_of_enqueue,
+    test_rate_limit__greedy_workers_get_at_most_r_t_plus_r,
+    wait_for,
+)
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(redis_server() is None, reason="redis-server and redis-cli are not on PATH"),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A fresh cluster for the module; REDIS_URL names it meanwhile."""
+    nodes = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    saved_url = settings.REDIS_URL
+    try:
+        nodes.start()
+        settings.REDIS_URL = nodes.url
+        tasks.buffer._client = None  # this process's buffer client, rebuilt on first use
+        yield nodes
+    finally:
+        settings.REDIS_URL = saved_url
+        tasks.buffer._client = None
+        nodes.stop()
+
+
+@pytest.fixture(autouse=True)
+def redis_client(cluster: RedisCluster) -> Iterator[ClusterClient]:
+    """The cluster (overrides the suite's single-db fixture), flushed before and after."""
+    client = connect(cluster.url)
+    assert isinstance(client, ClusterClient)
+    cluster.flushall()
+    yield client
+    cluster.flushall()
+    client.close()
+
+
+def node_of_queue(cluster: RedisCluster, client: ClusterClient, name: str) -> int:
+    """Port of the master holding the queue's keys (its hash tag's slot)."""
+    queue = Queue.objects.get(name=name)
+    node = client.get_node_from_key(ready_key(queue.id))
+    port = int(node.port)
+    assert port in cluster.ports
+    return port
+
+
+def test_cluster__queues_spread_over_the_nodes(
+    cluster: RedisCluster, redis_client: ClusterClient
+) -> None:
+    """A sanity check of the setup the other tests rely on: three masters, all slots."""
+    assert len(redis_client.get_primaries()) == 3
+    ports = {int(redis_client.get_node_from_key(ready_key(str(n))).port) for n in range(30)}
+    assert ports == set(cluster.ports)
+
+
+@pytest.mark.timeout(150)
+def test_fleet__flushall_of_one_node_mid_run_loses_no_task(
+    cluster: RedisCluster,
+    redis_client: ClusterClient,
+    service: Service,  # noqa: F811  (the fixture imported from test_faults)
+    api: Clients,  # noqa: F811
+) -> None:
+    """8 workers ack, nack, abandon; the node holding the queue loses its data mid-run.
+
+    Every task ends done or dead, no attempt is handed out twice, every ack is
+    the holder's, and the task events follow the lifecycle.  The buffered ids
+    the flush lost are back within the reconcile time (the dispatcher finds
+    the queue's epoch mark gone and re-buffers the queue at once).
+    """
+    create_queue(api, "spread", max_retries=3)
+    total = 500
+    reconcile = service.knob("BUFFER_RECONCILE_SECONDS")
+    fleet = Fleet(
+        api,
+        "spread",
+        size=8,
+        lease_seconds=service.knob("HEARTBEAT_TIMEOUT_SECONDS"),
+        policy=mix(
+            {
+                "ack": 0.72,
+                "ack2": 0.04,
+                "nack": 0.10,
+                "nack_later": 0.03,
+                "kill": 0.01,
+                "abandon": 0.04,
+                "zombie": 0.03,
+                "slow": 0.03,
+            }
+        ),
+    )
+    restored: list[tuple[int, float]] = []
+
+    def flush() -> None:
+        wait_for(lambda: terminal("spread") >= total // 4, 40, "a quarter of the tasks")
+        key = ready_key(Queue.objects.get(name="spread").id)
+        node = cluster.node(node_of_queue(cluster, redis_client, "spread"))
+        lost = [str(member, "ascii") for member in cast(list[bytes], node.zrange(key, 0, -1))]
+        node.flushall()
+        assert lost, "the buffer held tasks: the flush lost them"
+
+        def back() -> bool:
+            # Every lost id still `claimed` in Postgres is buffered again.
+            waiting = [
+                str(task_id)
+                for task_id in Task.objects.filter(
+                    pk__in=lost, status=TaskStatus.CLAIMED
+                ).values_list("id", flat=True)
+            ]
+            return not waiting or all(
+                score is not None for score in redis_client.zmscore(key, waiting)
+            )
+
+        restored.append((len(lost), wait_for(back, 30, "the lost ids to be buffered again")))
+
+    run_fleet_to_completion(
+        api, service, "spread", total=total, fleet=fleet, timeout=110, during=flush
+    )
+    counts = status_counts("spread")
+    assert counts["done"] + counts["dead"] == total
+    [(lost, took)] = restored
+    print(f"FLUSHALL of the queue's node lost {lost} buffered ids; back in {took:.3f}s")
+    assert took <= reconcile + SLACK, f"lost ids buffered again only after {took:.2f}s"
+    answers = fleet.ledger.answers
+    assert answers["ack 409"] + answers["heartbeat 409"] > 0, answers
+
+
+def test_cache__round_trips_across_slots_and_clears_only_its_keys(
+    cluster: RedisCluster, redis_client: ClusterClient
+) -> None:
+    cache = RedisClusterCache([cluster.url], {"KEY_PREFIX": "taskforge", "TIMEOUT": 30})
+    snapshot = {"queues": [{"name": "emails", "pending": 3}]}
+    cache.set("snapshot", snapshot, timeout=30)
+    assert cache.get("snapshot") == snapshot
+    key = cache.make_key("snapshot")
+    assert key == "taskforge:1:snapshot"
+    assert 0 < redis_client.ttl(key) <= 30
+    many = {f"k{n}": n for n in range(20)}  # keys on every node
+    cache.set_many(many)
+    assert cache.get_many([*many, "absent"]) == many
+    assert cache.add("k1", "other") is False
+    assert cache.add("fresh", 1) is True
+    redis_client.set("tf:{q}:ready-like", "kept")
+    cache.clear()
+    assert cache.get_many(list(many)) == {}
+    assert redis_client.get("tf:{q}:ready-like") == b"kept"
+    cache.delete_many(["fresh"])
+    assert cache.get("fresh", default="gone") == "gone"
+
+
+def test_cache__cluster_unreachable_misses_instead_of_failing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    closed = RedisCluster(tmp_path)  # ports found free, nothing started on them
+    cache = RedisClusterCache([closed.url], {"KEY_PREFIX": "taskforge"})
+    with caplog.at_level("ERROR", logger="taskforge.cache"):
+        cache.set("snapshot", {"queues": []}, timeout=30)
+        assert cache.get("snapshot", default="fallback") == "fallback"
+    assert len([r for r in caplog.records if r.name == "taskforge.cache"]) == 2
