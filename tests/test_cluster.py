@@ -14,26 +14,32 @@ REDIS_URL, as an operator would set it.  Then:
   workers) with a FLUSHALL of the node that holds the queue's keys mid-run:
   no task lost, no attempt handed out twice, hand-outs resume at once;
 - Django's cache on the cluster (taskforge.lib.cache);
-- /readyz of every service start is the cluster check (every primary answers,
-  cluster_state ok).
+- /readyz (every primary answers, cluster_state ok), and a primary that stops:
+  /readyz fails and a claim on its queue answers 503, never 500.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from django.conf import settings
+from django.test import Client
 from redis.cluster import RedisCluster as ClusterClient
+from rest_framework import status
+from rest_framework.test import APIClient
 
 import tasks.buffer
 from queues.models import Queue
+from queues.tests.factories import QueueFactory
+from taskforge.api.health import forget_readiness
 from taskforge.lib.cache import RedisClusterCache
 from taskforge.lib.redisconn import connect
 from tasks.buffer import ready_key
 from tasks.models import Task, TaskStatus
+from tests.helpers import assert_error
 from tests.rediscluster import RedisCluster, redis_server
 from tests.service import Service
 from tests.test_faults import (  # noqa: F401  (fixtures and tests run here against the cluster)
@@ -212,3 +218,44 @@ def test_cache__cluster_unreachable_misses_instead_of_failing(
         cache.set("snapshot", {"queues": []}, timeout=30)
         assert cache.get("snapshot", default="fallback") == "fallback"
     assert len([r for r in caplog.records if r.name == "taskforge.cache"]) == 2
+
+
+def test_readyz__ok_when_every_primary_answers(cluster: RedisCluster) -> None:
+    forget_readiness()
+    response = Client().get("/readyz")
+    assert response.status_code == status.HTTP_200_OK
+    assert response.json() == {"status": "ok", "checks": {"postgres": "ok", "redis": "ok"}}
+
+
+@pytest.mark.timeout(60)
+def test_node_down__readyz_fails_and_a_claim_on_its_queue_is_unavailable(
+    tmp_path: Path, settings: Any, worker_client: APIClient
+) -> None:
+    """A primary without a replica stops: 503 `unavailable`, never a 500."""
+    own = RedisCluster(tmp_path)
+    own.start()
+    try:
+        settings.REDIS_URL = own.url
+        tasks.buffer._client = None
+        queue = QueueFactory()
+        client = connect(own.url)
+        assert isinstance(client, ClusterClient)
+        port = int(client.get_node_from_key(ready_key(queue.id)).port)
+        client.close()
+        own.processes[port].terminate()
+        own.processes[port].wait(timeout=10)
+
+        forget_readiness()
+        readyz = Client().get("/readyz")
+        assert readyz.status_code == status.HTTP_503_SERVICE_UNAVAILABLE
+        assert readyz.json()["checks"] == {"postgres": "ok", "redis": "failed"}
+        claim = worker_client.post(
+            "/workers/claim",
+            {"worker_id": "w-1", "queues": [queue.name], "max_tasks": 1},
+            format="json",
+        )
+        assert_error(claim, status.HTTP_503_SERVICE_UNAVAILABLE, "unavailable")
+    finally:
+        tasks.buffer._client = None
+        forget_readiness()
+        own.stop()
