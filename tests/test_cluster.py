@@ -13,6 +13,8 @@ REDIS_URL, as an operator would set it.  Then:
 - the fleet workload of test_faults (ack, nack, abandon, zombie, slow
   workers) with a FLUSHALL of the node that holds the queue's keys mid-run:
   no task lost, no attempt handed out twice, hand-outs resume at once;
+- the buffer and heartbeat history across nodes: a node flushed alone loses
+  exactly the epoch marks of its queues; one heartbeat pipeline spans nodes;
 - Django's cache on the cluster (taskforge.lib.cache);
 - /readyz (every primary answers, cluster_state ok), and a primary that stops:
   /readyz fails and a claim on its queue answers 503, never 500.
@@ -21,6 +23,7 @@ REDIS_URL, as an operator would set it.  Then:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -62,6 +65,7 @@ from tests.test_faults import (  # noqa: F401  (fixtures and tests run here agai
     test_rate_limit__greedy_workers_get_at_most_r_t_plus_r,
     wait_for,
 )
+from workers import heartbeats
 
 pytestmark = [
     pytest.mark.postgres,
@@ -113,6 +117,38 @@ def test_cluster__queues_spread_over_the_nodes(
     assert len(redis_client.get_primaries()) == 3
     ports = {int(redis_client.get_node_from_key(ready_key(str(n))).port) for n in range(30)}
     assert ports == set(cluster.ports)
+
+
+def test_buffer__a_flushed_node_loses_exactly_its_queues(
+    cluster: RedisCluster, redis_client: ClusterClient
+) -> None:
+    """The per-queue epoch marks tell which queues a node that came back empty held."""
+    buffer = tasks.buffer.get_buffer()
+    assert isinstance(buffer.client, ClusterClient)
+    queue_ids = [f"q{n}" for n in range(30)]
+    for queue_id in queue_ids:
+        buffer.push(queue_id, [("a", 2), ("b", 1)], wake=True)
+    assert buffer.lost_queues(queue_ids) == queue_ids  # new queues
+    assert buffer.lost_queues(queue_ids) == []
+    port = cluster.ports[1]
+    on_node = [q for q in queue_ids if redis_client.get_node_from_key(ready_key(q)).port == port]
+    assert 0 < len(on_node) < len(queue_ids)
+    cluster.node(port).flushall()
+    assert buffer.lost_queues(queue_ids) == on_node
+    assert [buffer.size(q) for q in queue_ids] == [0 if q in on_node else 2 for q in queue_ids]
+    taken = buffer.take(queue_ids[0], 5, 100)
+    assert taken.ids == ([] if queue_ids[0] in on_node else ["b", "a"])
+
+
+def test_heartbeats__one_pipeline_over_tasks_on_every_node(
+    cluster: RedisCluster, redis_client: ClusterClient
+) -> None:
+    at = datetime(2026, 5, 1, 10, 0, tzinfo=UTC)
+    task_ids = [f"t{n}" for n in range(30)]  # hash tags on every node
+    heartbeats.record(task_ids, at)
+    heartbeats.record(task_ids[:3], at + timedelta(seconds=10))
+    assert heartbeats.history("t0") == [at + timedelta(seconds=10), at]
+    assert all(heartbeats.history(t) == [at] for t in task_ids[3:])
 
 
 @pytest.mark.timeout(150)
