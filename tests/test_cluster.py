@@ -22,6 +22,7 @@ REDIS_URL, as an operator would set it.  Then:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -243,6 +244,26 @@ def test_cache__round_trips_across_slots_and_clears_only_its_keys(
     assert redis_client.get("tf:{q}:ready-like") == b"kept"
     cache.delete_many(["fresh"])
     assert cache.get("fresh", default="gone") == "gone"
+
+
+def test_cache__incr_is_atomic_across_threads(cluster: RedisCluster) -> None:
+    cache = RedisClusterCache([cluster.url], {"KEY_PREFIX": "taskforge"})
+    cache.set("revoked", 5)
+    assert cache.get("revoked") == 5
+    threads = [
+        threading.Thread(target=lambda: [cache.incr("revoked") for _ in range(50)])
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert cache.get("revoked") == 205
+    assert cache.decr("revoked", 5) == 200
+    with pytest.raises(ValueError):
+        cache.incr("absent")
+    cache.set("flag", True)
+    assert cache.get("flag") is True
 
 
 def test_cache__cluster_unreachable_misses_instead_of_failing(

@@ -6,7 +6,8 @@ answers MOVED for keys on other nodes), so for a `redis+cluster://` REDIS_URL
 the settings use this backend instead: the same behaviour TaskForge relies on,
 over redis-py's `RedisCluster` (taskforge.lib.redisconn).
 
-- Keys read `<KEY_PREFIX>:<version>:<key>`, values are pickled.
+- Keys read `<KEY_PREFIX>:<version>:<key>`; integers are stored as their
+  digits (so `incr` is one atomic INCRBY), other values pickled.
 - A cache is an optimisation: when the cluster cannot answer, a read misses
   and a write is dropped, logged on `taskforge.cache` (django-redis's
   IGNORE_EXCEPTIONS), and the request goes on.
@@ -75,7 +76,7 @@ class RedisClusterCache(BaseCache):
     def get(self, key: str, default: Any = None, version: int | None = None) -> Any:
         name = self.make_and_validate_key(key, version=version)
         raw: Any = self._guard(lambda c: c.get(name), None)
-        return default if raw is None else pickle.loads(raw)
+        return default if raw is None else _decode(raw)
 
     def set(
         self,
@@ -111,7 +112,7 @@ class RedisClusterCache(BaseCache):
                 self.delete(key, version=version)
             return False
         px = None if ttl is None else max(1, int(ttl * 1000))
-        data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        data = _encode(value)
         return self._guard(lambda c: bool(c.set(name, data, px=px, nx=only_new)), False)
 
     def touch(
@@ -125,6 +126,20 @@ class RedisClusterCache(BaseCache):
         if ttl is None:
             return bool(self._guard(lambda c: c.persist(name), False))
         return bool(self._guard(lambda c: c.pexpire(name, max(1, int(ttl * 1000))), False))
+
+    def incr(self, key: str, delta: int = 1, version: int | None = None) -> int:
+        """Add `delta` in one atomic step (INCRBY); ValueError when the key is missing.
+
+        A cluster that cannot answer is a miss here too: ValueError.
+        """
+        name = self.make_and_validate_key(key, version=version)
+        value: Any = self._guard(lambda c: c.eval(_INCR_IF_EXISTS, 1, name, delta), None)
+        if value is None:
+            raise ValueError(f"Key '{key}' not found")
+        return int(value)
+
+    def decr(self, key: str, delta: int = 1, version: int | None = None) -> int:
+        return self.incr(key, -delta, version=version)
 
     def delete(self, key: str, version: int | None = None) -> bool:
         name = self.make_and_validate_key(key, version=version)
@@ -142,7 +157,7 @@ class RedisClusterCache(BaseCache):
         # MGET split per slot: keys of different slots cannot share one.
         values: list[Any] = self._guard(lambda c: _mget(c, names), [None] * len(names))
         return {
-            by_name[name]: pickle.loads(raw)
+            by_name[name]: _decode(raw)
             for name, raw in zip(names, values, strict=True)
             if raw is not None
         }
@@ -175,6 +190,30 @@ class RedisClusterCache(BaseCache):
 
     def close(self, **kwargs: Any) -> None:
         """Keep the process's client: it serves every request of every thread."""
+
+
+# One key: runs on the node of its slot.  Missing key: nil (ValueError above).
+_INCR_IF_EXISTS = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return redis.call('INCRBY', KEYS[1], ARGV[1])
+end
+return false
+"""
+
+
+def _encode(value: Any) -> bytes:
+    # Integers are stored as their digits so that INCRBY works on them
+    # (django-redis does the same); everything else is pickled.
+    if type(value) is int:
+        return str(value).encode()
+    return pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+
+
+def _decode(raw: bytes) -> Any:
+    # A pickle starts with the PROTO opcode (0x80), never with a digit or '-'.
+    if raw[:1].isdigit() or raw[:1] == b"-":
+        return int(raw)
+    return pickle.loads(raw)
 
 
 def _mget(client: Client, names: list[str]) -> list[Any]:
