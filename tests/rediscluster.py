@@ -45,11 +45,12 @@ def _free_ports(count: int) -> list[int]:
 
 
 class RedisCluster:
-    """Three masters, no replicas, every slot covered."""
+    """Three masters with `replicas` replicas each, every slot covered."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, replicas: int = 0) -> None:
         self.directory = directory
-        self.ports = _free_ports(MASTERS)
+        self.replicas = replicas
+        self.ports = _free_ports(MASTERS * (1 + replicas))
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
@@ -75,6 +76,8 @@ class RedisCluster:
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
                     "--cluster-node-timeout", "2000",
+                    # A replica may take over however long its link was down.
+                    "--cluster-replica-validity-factor", "0",
                     "--save", "",
                     "--appendonly", "no",
                     "--logfile", str(node_dir / "redis.log"),
@@ -96,7 +99,7 @@ class RedisCluster:
             [
                 "redis-cli", "--cluster", "create",
                 *(f"127.0.0.1:{port}" for port in self.ports),
-                "--cluster-replicas", "0", "--cluster-yes",
+                "--cluster-replicas", str(self.replicas), "--cluster-yes",
             ],
             check=True,
             capture_output=True,
@@ -105,13 +108,18 @@ class RedisCluster:
         self.wait_ok()
 
     def wait_ok(self, timeout: float = 20) -> None:
-        """Until every node says the cluster is ok and knows every other node."""
+        """Until every running node says the cluster is ok and knows every node,
+        and every replica is in sync with its master."""
         deadline = time.monotonic() + timeout
         while True:
-            infos = [self.node(port).cluster("INFO") for port in self.ports]
-            if all(
+            infos = [self.node(port).cluster("INFO") for port in self.processes]
+            links = [
+                self.node(port).info("replication").get("master_link_status", "up")
+                for port in self.processes
+            ]
+            if all(link == "up" for link in links) and all(
                 info.get("cluster_state") == "ok"
-                and int(info.get("cluster_known_nodes", 0)) == MASTERS
+                and int(info.get("cluster_known_nodes", 0)) == len(self.ports)
                 for info in infos
             ):
                 return
@@ -119,9 +127,16 @@ class RedisCluster:
                 raise TimeoutError(f"cluster not ok: {infos}")
             time.sleep(0.1)
 
+    def kill(self, port: int) -> None:
+        """SIGKILL one node (its replica, if any, takes over after the node timeout)."""
+        process = self.processes.pop(port)
+        process.kill()
+        process.wait()
+
     def flushall(self) -> None:
-        for port in self.ports:
-            self.node(port).flushall()
+        for port in self.processes:
+            if self.node(port).role()[0] == b"master":
+                self.node(port).flushall()
 
     def stop(self) -> None:
         for process in self.processes.values():

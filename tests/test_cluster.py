@@ -17,12 +17,17 @@ REDIS_URL, as an operator would set it.  Then:
   exactly the epoch marks of its queues; one heartbeat pipeline spans nodes;
 - Django's cache on the cluster (taskforge.lib.cache);
 - /readyz (every primary answers, cluster_state ok), and a primary that stops:
-  /readyz fails and a claim on its queue answers 503, never 500.
+  /readyz fails and a claim on its queue answers 503, never 500;
+- failover: on a cluster with a replica per master, the master holding a
+  queue is SIGKILLed mid-run; claims answer 503 until its replica is promoted,
+  then every task finishes, none handed out twice.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -50,8 +55,10 @@ from tests.test_faults import (  # noqa: F401  (fixtures and tests run here agai
     SLACK,
     Clients,
     Fleet,
+    Worker,
     api,
     create_queue,
+    enqueue,
     knobs,
     mix,
     run_fleet_to_completion,
@@ -221,6 +228,90 @@ def test_fleet__flushall_of_one_node_mid_run_loses_no_task(
     assert took <= reconcile + SLACK, f"lost ids buffered again only after {took:.2f}s"
     answers = fleet.ledger.answers
     assert answers["ack 409"] + answers["heartbeat 409"] > 0, answers
+
+
+@pytest.fixture
+def replicated(tmp_path: Path, cluster: RedisCluster) -> Iterator[RedisCluster]:
+    """Three masters with a replica each; REDIS_URL names it during the test."""
+    nodes = RedisCluster(tmp_path / "replicated", replicas=1)
+    try:
+        nodes.start()
+        settings.REDIS_URL = nodes.url
+        tasks.buffer._client = None
+        yield nodes
+    finally:
+        settings.REDIS_URL = cluster.url
+        tasks.buffer._client = None
+        nodes.stop()
+
+
+@pytest.mark.timeout(120)
+def test_failover__a_master_killed_mid_run_its_replica_takes_over(
+    replicated: RedisCluster,
+    service: Service,  # noqa: F811  (started after `replicated`: on its URL)
+    api: Clients,  # noqa: F811
+) -> None:
+    """SIGKILL the master holding the queue: 503s for a few seconds, then work goes on.
+
+    Workers retry a claim answered 503; every task ends done, no attempt is
+    handed out twice, and hand-outs resume once the replica is promoted.
+    """
+    create_queue(api, "failover")
+    total = 300
+    enqueue(api, "failover", [{"payload": n} for n in range(total)])
+    handouts: Counter[tuple[str, int]] = Counter()
+    unavailable: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def work(worker: Worker) -> None:
+        try:
+            while not stop.is_set():
+                body = {"worker_id": worker.id, "queues": ["failover"], "max_tasks": 5,
+                        "wait_seconds": 0.5}  # fmt: skip
+                code, answer = worker.api.call("POST", "/workers/claim", body, timeout=30)
+                if code == 503:
+                    with lock:
+                        unavailable.append(time.monotonic())
+                    time.sleep(0.2)
+                    continue
+                assert code == 200, (code, answer)
+                for task in answer["tasks"]:
+                    with lock:
+                        handouts[(task["id"], task["attempts"])] += 1
+                    assert worker.ack(task)[0] == 200
+        except Exception as exc:
+            errors.append(repr(exc))
+
+    threads = [
+        threading.Thread(target=work, args=(api.worker(f"f-{i}"),), daemon=True) for i in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: terminal("failover") >= total // 3, 30, "a third of the tasks")
+        client = connect(replicated.url)
+        assert isinstance(client, ClusterClient)
+        key = ready_key(Queue.objects.get(name="failover").id)
+        port = int(client.get_node_from_key(key).port)
+        client.close()
+        replicated.kill(port)
+        killed_at = time.monotonic()
+        took = wait_for(lambda: terminal("failover") == total, 60, "every task done", 0.2)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=40)
+    assert not errors, errors
+    assert status_counts("failover") == {"done": total}
+    assert max(handouts.values()) == 1, [k for k, n in handouts.items() if n > 1][:5]
+    outage = [t - killed_at for t in unavailable if t >= killed_at]
+    print(f"after the kill: {len(outage)} claims answered 503, last at "
+          f"{max(outage, default=0):.1f}s; all done {took:.1f}s after")  # fmt: skip
+    # cluster-node-timeout 2 s, then the election: seconds, not the whole run.
+    assert max(outage, default=0) < 15, f"503s for {max(outage):.1f}s after the kill"
+    service.assert_running()
 
 
 def test_cache__round_trips_across_slots_and_clears_only_its_keys(
