@@ -376,10 +376,10 @@ def test_readyz__ok_when_every_primary_answers(cluster: RedisCluster) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_node_down__readyz_fails_and_a_claim_on_its_queue_is_unavailable(
-    tmp_path: Path, settings: Any, worker_client: APIClient
+def test_node_down__readyz_fails_claims_are_unavailable_enqueues_work(
+    tmp_path: Path, settings: Any, worker_client: APIClient, producer_client: APIClient
 ) -> None:
-    """A primary without a replica stops: 503 `unavailable`, never a 500."""
+    """A primary without a replica stops: 503 `unavailable`, never a 500; enqueues go on."""
     own = RedisCluster(tmp_path)
     own.start()
     try:
@@ -403,6 +403,12 @@ def test_node_down__readyz_fails_and_a_claim_on_its_queue_is_unavailable(
             format="json",
         )
         assert_error(claim, status.HTTP_503_SERVICE_UNAVAILABLE, "unavailable")
+        # An enqueue needs Postgres only: its task waits there for the dispatcher.
+        enqueued = producer_client.post(
+            f"/queues/{queue.name}/tasks", {"payload": 1}, format="json"
+        )
+        assert enqueued.status_code == status.HTTP_201_CREATED, enqueued.content
+        assert enqueued.json()["status"] == "pending"
     finally:
         tasks.buffer._client = None
         forget_readiness()
