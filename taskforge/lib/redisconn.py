@@ -105,7 +105,9 @@ def connect(
     if max_connections is not None:
         options["max_connections"] = max_connections
     if not is_cluster(url):
-        return redis.Redis(connection_pool=pool_class.from_url(url, **options))
+        # The client owns its pool: close() disconnects it (a readiness check
+        # builds a client per check).
+        return redis.Redis.from_pool(pool_class.from_url(url, **options))
     first, seeds = cluster_seeds(url)
     # Retries on timeouts are the cluster client's (it re-reads the slot map
     # between attempts), so the per-node connections never retry on their own.

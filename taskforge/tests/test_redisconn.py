@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
+from django.conf import settings
 
 from taskforge.lib.redisconn import cluster_seeds, connect, is_cluster
 
@@ -39,3 +42,19 @@ def test_connect__a_server_url_gives_a_plain_client_on_a_blocking_pool() -> None
     assert isinstance(pool, redis.BlockingConnectionPool)
     assert pool.max_connections == 3
     assert pool.connection_kwargs["db"] == 4
+
+
+def test_connect__close_hangs_up(redis_client: redis.Redis) -> None:
+    """A client per readiness check: closing it must close its connection."""
+
+    def named() -> int:
+        return sum(1 for c in redis_client.client_list() if c["name"] == "tf-close-test")
+
+    client = connect(settings.REDIS_URL, client_name="tf-close-test")
+    assert client.ping()
+    assert named() == 1
+    client.close()
+    deadline = time.monotonic() + 2
+    while named() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert named() == 0
