@@ -1031,9 +1031,9 @@ class Bench:
             self.service.start(loop, [python, "manage.py", f"run_{loop}"])
         self._wait_ready()
         self.cpu = CpuMeter(self.service)
-        import redis
+        from taskforge.lib.redisconn import connect  # a server or a redis+cluster:// URL
 
-        self.redis = redis.Redis.from_url(redis_url)
+        self.redis = connect(redis_url)
         return {
             "postgres": pg_settings(self.libpq_url),
             "redis_db_url": _redact(redis_url),

@@ -13,6 +13,7 @@ import django_stubs_ext
 import environ
 
 from taskforge.lib.logging import lean_records
+from taskforge.lib.redisconn import is_cluster
 
 # Django's generic classes (ModelAdmin, QuerySet, Paginator, forms) accept type
 # arguments at run time, as the type checker reads them.
@@ -157,6 +158,11 @@ CACHES = {
         },
     }
 }
+if is_cluster(REDIS_URL):
+    # django-redis speaks to one server only: on a Redis Cluster the cache is
+    # TaskForge's own backend over redis-py's cluster client, with the same
+    # keys, timeouts and misses-when-down (taskforge.lib.cache).
+    CACHES["default"]["BACKEND"] = "taskforge.lib.cache.RedisClusterCache"
 DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
 DJANGO_REDIS_LOGGER = "taskforge.cache"
 

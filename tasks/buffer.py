@@ -1,17 +1,23 @@
 """The Redis side of dispatch: every key name and Lua script lives here.
 
-Per queue, with the queue id as hash tag so one script touches one slot and
-TaskForge runs unchanged on Redis Cluster:
+Per queue, with the queue id as hash tag so that every key of a queue sits in
+one slot, and each script, pipeline and multi-key command touches one slot
+(a Redis Cluster refuses any other; see taskforge.lib.redisconn for
+`redis+cluster://` URLs):
 
 - `tf:{<queue-id>}:ready`  sorted set of buffered task ids (status `claimed`
   in Postgres), scored by priority then `scheduled_at` (see `score`).
 - `tf:{<queue-id>}:bucket` hash `{tokens, ts}`: the queue's token bucket.
+- `tf:{<queue-id>}:epoch`  set by a dispatcher; missing means the keys of
+  the queue were lost (a restart without persistence, a FLUSHALL, a cluster
+  node that came back empty), and the dispatcher re-buffers the queue at once.
 
 per task, `tf:{<task-id>}:hb`, a capped list of its recent heartbeat times
 (a diagnostic for the dashboard, see `workers.heartbeats`),
 
 and one pub/sub channel, `tf:wake`, on which the dispatcher names the queues
-it just filled so waiting long polls try again at once.
+it just filled so waiting long polls try again at once.  A classic PUBLISH
+reaches the subscribers of every node of a cluster.
 
 Redis is only a buffer: Postgres says what a task's status is.  Losing any
 of these keys loses no task; the watchdog's reconcile puts `claimed` tasks
@@ -29,12 +35,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
-import redis
 from django.conf import settings
+from redis.cluster import RedisCluster
+
+from taskforge.lib.redisconn import Client, connect
 
 WAKE_CHANNEL = "tf:wake"
-# Set once by a dispatcher; its absence means Redis lost its data.
-EPOCH_KEY = "tf:epoch"
 
 # priority (1..10) * 1e13 + scheduled_at in ms (~1.8e12 today, < 1e13 until
 # year 2286): exact in a double, and orders by priority, then time.
@@ -47,6 +53,11 @@ def ready_key(queue_id: uuid.UUID | str) -> str:
 
 def bucket_key(queue_id: uuid.UUID | str) -> str:
     return f"tf:{{{queue_id}}}:bucket"
+
+
+def epoch_key(queue_id: uuid.UUID | str) -> str:
+    """Set by a dispatcher; its absence means the queue's keys were lost."""
+    return f"tf:{{{queue_id}}}:epoch"
 
 
 def heartbeats_key(task_id: uuid.UUID | str) -> str:
@@ -124,7 +135,7 @@ class Taken:
 class Buffer:
     """The per-queue dispatch buffer in Redis."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
         self._take = client.register_script(_TAKE)
 
@@ -141,6 +152,12 @@ class Buffer:
         if not wake:
             # ZADD NX answers the number added (redis-py types it int | float | None).
             return cast(int, self.client.zadd(ready_key(queue_id), mapping, nx=True))
+        if isinstance(self.client, RedisCluster):
+            # A cluster pipeline refuses PUBLISH (it names no key): two round
+            # trips, the set first so a woken claim finds the tasks.
+            added = cast(int, self.client.zadd(ready_key(queue_id), mapping, nx=True))
+            self.client.publish(WAKE_CHANNEL, str(queue_id))
+            return added
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(ready_key(queue_id), mapping, nx=True)
         pipe.publish(WAKE_CHANNEL, str(queue_id))
@@ -179,9 +196,21 @@ class Buffer:
         popped = self.client.zpopmax(ready_key(queue_id), count)
         return [_text(member) for member, _ in cast(_Scored, popped)]
 
-    def ensure_epoch(self) -> bool:
-        """Mark this Redis as known; True when the mark was missing (data lost)."""
-        return bool(self.client.set(EPOCH_KEY, str(time.time()), nx=True))
+    def lost_queues(self, queue_ids: Iterable[uuid.UUID | str]) -> list[str]:
+        """Mark each queue's slot as known; return the queues whose mark was missing.
+
+        A missing mark means the Redis (or, in a cluster, the node) holding
+        that queue's keys lost its data since the last call, or the queue is
+        new.  One pipelined round trip (one per node in a cluster).
+        """
+        keys = [str(q) for q in queue_ids]
+        if not keys:
+            return []
+        stamp = str(time.time())
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.set(epoch_key(key), stamp, nx=True)
+        return [key for key, was_missing in zip(keys, pipe.execute(), strict=True) if was_missing]
 
     def size(self, queue_id: uuid.UUID | str) -> int:
         return int(self.client.zcard(ready_key(queue_id)))
@@ -193,7 +222,7 @@ class Buffer:
             self.client.publish(WAKE_CHANNEL, names)
 
     def forget_queue(self, queue_id: uuid.UUID | str) -> None:
-        self.client.delete(ready_key(queue_id), bucket_key(queue_id))
+        self.client.delete(ready_key(queue_id), bucket_key(queue_id), epoch_key(queue_id))
 
 
 def _text(value: bytes | str) -> str:
@@ -202,32 +231,33 @@ def _text(value: bytes | str) -> str:
 
 _local = threading.local()
 _pid = 0
-_client: redis.Redis | None = None
+_client: Client | None = None
 _client_lock = threading.Lock()
 
 
-def get_client() -> redis.Redis:
+def get_client() -> Client:
     """This process's Redis client (one connection pool, rebuilt after fork).
 
-    The pool holds up to REDIS_POOL_MAX connections; a thread that finds them
-    all in use waits for one (up to 5 s, then the request answers 503) rather
-    than failing at once: a burst of hundreds of claims in one API process
-    is normal, and each holds a connection for a round trip or two.
+    A `RedisCluster` when REDIS_URL names a cluster (taskforge.lib.redisconn),
+    with one such pool per node.  The pool holds up to REDIS_POOL_MAX
+    connections; a thread that finds them all in use waits for one (up to
+    5 s, then the request answers 503) rather than failing at once: a burst
+    of hundreds of claims in one API process is normal, and each holds a
+    connection for a round trip or two.
     """
     global _client, _pid
     if _client is None or _pid != os.getpid():
         with _client_lock:
             if _client is None or _pid != os.getpid():
-                pool = redis.BlockingConnectionPool.from_url(
+                _client = connect(
                     settings.REDIS_URL,
                     max_connections=settings.REDIS_POOL_MAX,
-                    timeout=5,
+                    blocking_timeout=5,
                     socket_connect_timeout=2,
                     socket_timeout=5,
                     health_check_interval=30,
                     retry_on_timeout=False,
                 )
-                _client = redis.Redis(connection_pool=pool)
                 _pid = os.getpid()
     return _client
 

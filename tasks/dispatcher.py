@@ -27,12 +27,12 @@ from typing import Any
 
 import psycopg
 from django.db import connection, transaction
-from redis.exceptions import RedisError
 
 from queues.models import Queue
 from queues.notify import DISPATCH_CHANNEL
 from taskforge.conf import conf
 from taskforge.lib.loop import SLEEP_SLICE, Loop
+from taskforge.lib.redisconn import REDIS_FAILURES
 from tasks import transitions
 from tasks.buffer import get_buffer, score
 from tasks.models import Task, TaskStatus
@@ -65,16 +65,19 @@ class DispatcherLoop(Loop):
 
     def tick(self) -> bool:
         """Dispatch the queues named by notifications, or all of them when due."""
-        queues = Queue.objects.all()
         full_pass = time.monotonic() >= self._next_full_pass
+        queues: list[Queue]
         if full_pass:
             self._next_full_pass = time.monotonic() + self.interval
-            if get_buffer().ensure_epoch():
-                # Redis lost its data (or this is its first use): restore every
-                # claimed task's entry now rather than after the reconcile delay.
-                rebuffer_missing(claimed_before=None)
+            queues = list(Queue.objects.all())
+            lost = get_buffer().lost_queues(q.id for q in queues)
+            if lost:
+                # Redis (or the cluster node holding these queues) lost its
+                # data, or the queues are new: restore every claimed task's
+                # entry now rather than after the reconcile delay.
+                rebuffer_missing(claimed_before=None, queue_ids=lost)
         else:
-            queues = queues.filter(id__in=self._woken | self._more | self._full)
+            queues = list(Queue.objects.filter(id__in=self._woken | self._more | self._full))
         woken = self._woken
         self._woken, self._more, self._full = set(), set(), set()
         for queue in queues:
@@ -133,7 +136,7 @@ class DispatcherLoop(Loop):
                 [(task_id, score(priority, due)) for task_id, priority, due in tasks],
                 wake=True,
             )
-        except RedisError:
+        except REDIS_FAILURES:
             # Back to pending now rather than after the reconcile delay.
             self._unbuffer(queue, [task_id for task_id, _, _ in tasks])
             raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Collection
 from datetime import datetime
 
 from tasks.buffer import get_buffer, score
@@ -21,12 +22,18 @@ logger = logging.getLogger(__name__)
 BATCH = 2000
 
 
-def rebuffer_missing(*, claimed_before: datetime | None, limit: int = 50_000) -> int:
+def rebuffer_missing(
+    *,
+    claimed_before: datetime | None,
+    queue_ids: Collection[str] | None = None,
+    limit: int = 50_000,
+) -> int:
     """Re-push claimed tasks missing from Redis; return how many were missing.
 
     `claimed_before=None` checks every claimed task (after Redis lost its
     data); otherwise only those buffered before that time, which the
-    dispatcher has certainly pushed already.  Reads in keyset batches over
+    dispatcher has certainly pushed already.  `queue_ids` limits the check to
+    those queues (the ones a cluster node lost).  Reads in keyset batches over
     task_claimed_since_idx; holds no lock and no transaction.
     """
     buffer = get_buffer()
@@ -38,6 +45,8 @@ def rebuffer_missing(*, claimed_before: datetime | None, limit: int = 50_000) ->
         rows = Task.objects.filter(status=TaskStatus.CLAIMED)
         if claimed_before is not None:
             rows = rows.filter(status_changed_at__lt=claimed_before)
+        if queue_ids is not None:
+            rows = rows.filter(queue_id__in=list(queue_ids))
         if after is not None:
             rows = rows.filter(status_changed_at__gte=after[0]).exclude(
                 status_changed_at=after[0], id__lte=after[1]

@@ -16,7 +16,6 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from redis.exceptions import RedisError
 
 from queues import lookup
 from queues.exceptions import QueueNotEmpty, UnknownQueue
@@ -25,6 +24,7 @@ from taskforge.audit.log import Actor, record, record_each
 from taskforge.audit.models import Action
 from taskforge.conf import conf
 from taskforge.errors import NotFound
+from taskforge.lib.redisconn import REDIS_FAILURES
 from tasks import transitions
 from tasks.buffer import get_buffer, score
 from tasks.models import Schedule, Task, TaskStatus
@@ -155,7 +155,7 @@ def _buffer_has_room(queue: Queue, count: int) -> bool:
         return False
     try:
         return get_buffer().size(queue.id) + count <= conf.BUFFER_SIZE
-    except RedisError:
+    except REDIS_FAILURES:
         return False  # Redis is down: the tasks wait as pending, the dispatcher retries
 
 
@@ -165,7 +165,7 @@ def _push_buffered(queue: Queue, tasks: Sequence[Task]) -> None:
         get_buffer().push(
             queue.id, [(str(t.pk), score(t.priority, t.scheduled_at)) for t in tasks], wake=True
         )
-    except RedisError:
+    except REDIS_FAILURES:
         logger.warning(
             "enqueue.buffer_push_failed", extra={"queue": queue.name, "count": len(tasks)}
         )
@@ -304,5 +304,5 @@ def _forget_buffer(queue_id: object) -> None:
     """Drop the deleted queue's Redis keys (its token bucket); Redis down: they expire."""
     try:
         get_buffer().forget_queue(str(queue_id))
-    except RedisError:
+    except REDIS_FAILURES:
         logger.warning("queue.buffer_not_forgotten", extra={"queue_id": str(queue_id)})

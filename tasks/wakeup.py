@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
+from taskforge.lib.redisconn import subscriber
 from tasks.buffer import WAKE_CHANNEL, get_client
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class Waiters:
         while True:
             pubsub = None
             try:
-                pubsub = get_client().pubsub(ignore_subscribe_messages=True)
+                pubsub = subscriber(get_client())
                 pubsub.subscribe(WAKE_CHANNEL)
                 self._subscribed = True
                 while True:

@@ -25,8 +25,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-import redis
-
+from taskforge.lib.redisconn import REDIS_FAILURES
 from tasks.buffer import get_client
 from tasks.buffer import heartbeats_key as history_key
 
@@ -51,7 +50,7 @@ def record(task_ids: Iterable[uuid.UUID | str], at: datetime) -> None:
             pipe.ltrim(key, 0, KEEP - 1)
             pipe.expire(key, TTL_SECONDS)
         pipe.execute()
-    except redis.RedisError:
+    except REDIS_FAILURES:
         logger.warning("heartbeat history not recorded", exc_info=True)
 
 
@@ -63,7 +62,7 @@ def history(task_id: uuid.UUID | str, *, since: datetime | None = None) -> list[
     """
     try:
         raw = get_client().lrange(history_key(task_id), 0, KEEP - 1)
-    except redis.RedisError:
+    except REDIS_FAILURES:
         logger.warning("heartbeat history not readable", exc_info=True)
         return None
     times = [datetime.fromtimestamp(int(value) / 1000, tz=UTC) for value in raw]

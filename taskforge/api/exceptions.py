@@ -24,6 +24,7 @@ from rest_framework.views import set_rollback
 
 from taskforge.api.responses import error_body
 from taskforge.errors import TaskForgeError
+from taskforge.lib.redisconn import CLUSTER_OUTAGES
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,13 @@ _DRF_CODES: list[tuple[type[drf.APIException], str]] = [
     (drf.Throttled, "throttled"),
 ]
 
-_OUTAGES = (OperationalError, InterfaceError, RedisConnectionError, RedisTimeoutError)
+_OUTAGES = (
+    OperationalError,
+    InterfaceError,
+    RedisConnectionError,
+    RedisTimeoutError,
+    *CLUSTER_OUTAGES,
+)
 
 
 class PayloadTooLarge(drf.APIException):

@@ -13,15 +13,16 @@ from collections.abc import Callable
 from functools import wraps
 
 import psycopg
-import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from redis.cluster import RedisCluster
 from rest_framework.exceptions import AuthenticationFailed
 
 from taskforge.api.authentication import ApiKeyAuthentication
 from taskforge.api.responses import error_response
+from taskforge.lib.redisconn import connect
 from taskforge.lib.ttlcache import TTLCache
 
 logger = logging.getLogger(__name__)
@@ -108,15 +109,25 @@ def _check_postgres() -> str:
 
 
 def _check_redis() -> str:
-    client = redis.Redis.from_url(
-        settings.REDIS_URL,
-        socket_connect_timeout=READY_TIMEOUT_SECONDS,
-        socket_timeout=READY_TIMEOUT_SECONDS,
-    )
+    # A fresh client, as for Postgres.  For a cluster: every primary answers
+    # and the cluster says all its slots are served.
+    client = None
     try:
-        client.ping()
+        client = connect(
+            settings.REDIS_URL,
+            socket_connect_timeout=READY_TIMEOUT_SECONDS,
+            socket_timeout=READY_TIMEOUT_SECONDS,
+        )
+        if isinstance(client, RedisCluster):
+            client.ping(target_nodes=RedisCluster.PRIMARIES)
+            state = client.cluster_info().get("cluster_state")
+            if state != "ok":
+                return f"error: cluster_state is {state}"
+        else:
+            client.ping()
     except Exception as exc:
         return f"error: {type(exc).__name__}: {str(exc).strip()[:200]}"
     finally:
-        client.close()
+        if client is not None:
+            client.close()
     return "ok"

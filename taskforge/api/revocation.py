@@ -41,6 +41,7 @@ from django.db.models.signals import post_delete, post_save
 
 from taskforge.api.models import ApiKey
 from taskforge.errors import TaskForgeError
+from taskforge.lib import redisconn
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +70,13 @@ def user_topic(user_id: object) -> str:
 
 def channel() -> str:
     """The pub/sub channel; named after REDIS_URL's db, since channels are server-wide."""
-    db = redis.connection.parse_url(settings.REDIS_URL).get("db", 0)
+    url = settings.REDIS_URL
+    db = 0 if redisconn.is_cluster(url) else redis.connection.parse_url(url).get("db", 0)
     return f"tf:revoked:{db}"
 
 
-def _client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
+def _client() -> redisconn.Client:
+    return redisconn.connect(settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=2)
 
 
 class Listener:
@@ -156,7 +158,7 @@ class Listener:
             client = None
             try:
                 client = _client()
-                pubsub = client.pubsub()
+                pubsub = client.pubsub()  # type: ignore[no-untyped-call]  # RedisCluster.pubsub
                 pubsub.subscribe(channel())
                 pinged_at = self._heard_at = time.monotonic()
                 while True:
@@ -198,7 +200,7 @@ def publish(topic: str) -> None:
             client.publish(channel(), topic)
         finally:
             client.close()
-    except redis.RedisError as exc:
+    except redisconn.REDIS_FAILURES as exc:
         logger.warning("revocation.publish_failed", extra={"topic": topic, "error": repr(exc)})
 
 

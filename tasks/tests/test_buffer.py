@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from tasks.buffer import Buffer, bucket_key, ready_key, score
+from tasks.buffer import Buffer, bucket_key, epoch_key, ready_key, score
 
 pytestmark = pytest.mark.usefixtures("redis_client")
 
@@ -79,8 +79,13 @@ def test_present_worst_and_pops(buffer: Buffer) -> None:
     assert buffer.worst_score("q") is None
 
 
-def test_epoch__reports_a_lost_redis(buffer: Buffer, redis_client: redis.Redis) -> None:
-    assert buffer.ensure_epoch() is True
-    assert buffer.ensure_epoch() is False
+def test_lost_queues__reports_new_and_lost_queues(
+    buffer: Buffer, redis_client: redis.Redis
+) -> None:
+    assert buffer.lost_queues(["q", "r"]) == ["q", "r"]
+    assert buffer.lost_queues(["q", "r"]) == []
+    redis_client.delete(epoch_key("r"))
+    assert buffer.lost_queues(["q", "r"]) == ["r"]
     redis_client.flushdb()
-    assert buffer.ensure_epoch() is True
+    assert buffer.lost_queues(["q", "r", "s"]) == ["q", "r", "s"]
+    assert buffer.lost_queues([]) == []

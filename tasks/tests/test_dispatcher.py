@@ -72,7 +72,7 @@ def test_tick__full_buffer_admits_more_urgent_tasks(settings) -> None:
 def test_tick__redis_down_puts_tasks_back_to_pending(monkeypatch) -> None:
     queue = QueueFactory()
     task = TaskFactory(queue=queue)
-    get_buffer().ensure_epoch()
+    get_buffer().lost_queues([queue.id])
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
     monkeypatch.setattr(buffer_module, "get_buffer", lambda: buffer_module.Buffer(dead))
     from tasks import dispatcher
@@ -90,6 +90,19 @@ def test_tick__lost_redis_data_is_restored_at_once(redis_client: redis.Redis) ->
     redis_client.flushdb()
     DispatcherLoop().tick()
     assert get_buffer().take(queue.id, 10, None).ids == [str(task.pk)]
+
+
+def test_tick__keys_lost_for_some_queues_are_restored_at_once(redis_client: redis.Redis) -> None:
+    """A cluster node that comes back empty loses the keys of its queues only."""
+    kept, lost = QueueFactory(), QueueFactory()
+    kept_task, lost_task = TaskFactory(queue=kept), TaskFactory(queue=lost)
+    loop = DispatcherLoop()
+    loop.tick()
+    redis_client.delete(buffer_module.ready_key(lost.id), buffer_module.epoch_key(lost.id))
+    loop._next_full_pass = 0
+    loop.tick()
+    assert get_buffer().take(lost.id, 10, None).ids == [str(lost_task.pk)]
+    assert get_buffer().take(kept.id, 10, None).ids == [str(kept_task.pk)]
 
 
 def test_run__stops_on_flag_and_once_runs_one_tick() -> None:

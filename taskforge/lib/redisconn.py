@@ -1,0 +1,134 @@
+"""Opening Redis from REDIS_URL: one server, or a Redis Cluster.
+
+`redis://host:port/db` (or `rediss://`, `unix://`) names one server and gives
+a plain `redis.Redis`.  `redis+cluster://host:port` (or `rediss+cluster://`)
+names a Redis Cluster and gives redis-py's `RedisCluster`, which learns the
+slot map from the node it first reaches, sends each command to the node that
+owns its key's slot, and follows MOVED/ASK redirects and failovers.  Several
+seed nodes may be listed, comma-separated, so a process starts while one of
+them is down: `redis+cluster://user:pass@10.0.0.1:6379,10.0.0.2:6379`.
+
+A cluster has only db 0: a cluster URL names none (or `/0`), and TaskForge
+keeps to its own key names there (`tf:*` for the dispatch buffer,
+`taskforge:*` for Django's cache).
+
+Every place that connects to REDIS_URL goes through `connect()`, so the two
+kinds of deployment differ in this module only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias, cast
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.client import PubSub
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ClusterError, RedisClusterException, RedisError
+
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+# Either client: both speak the same commands, pipelines and scripts.
+Client: TypeAlias = "redis.Redis | RedisCluster"
+
+# What a command may raise when a cluster cannot serve it (a node down and
+# its slots not yet failed over, no node reachable at start): an outage like
+# a ConnectionError, answered 503 by the API.
+CLUSTER_OUTAGES: tuple[type[Exception], ...] = (ClusterError, RedisClusterException)
+
+# Anything a Redis call may raise for Redis's sake: RedisError, and the
+# cluster client's own errors, which do not derive from it.
+REDIS_FAILURES: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
+
+
+def is_cluster(url: str) -> bool:
+    """Whether `url` names a Redis Cluster (`redis+cluster://`, `rediss+cluster://`)."""
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+def cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """Split a cluster URL into a plain URL for its first seed and all seeds.
+
+    Raises:
+        ValueError: not a cluster URL, no host, or a db other than 0.
+    """
+    parts = urlsplit(url)
+    scheme = CLUSTER_SCHEMES.get(parts.scheme)
+    if scheme is None:
+        raise ValueError(f"not a Redis Cluster URL: {parts.scheme}://")
+    auth, _, hosts = parts.netloc.rpartition("@")
+    db = parts.path.strip("/")
+    if db not in ("", "0"):
+        raise ValueError("a Redis Cluster has only db 0: drop the path from REDIS_URL")
+    seeds: list[tuple[str, int]] = []
+    for hostport in hosts.split(","):
+        host, _, port = hostport.strip().rpartition(":")
+        if not host:  # no port given
+            host, port = hostport.strip(), "6379"
+        host = unquote(host.strip("[]"))
+        if not host:
+            raise ValueError("a Redis Cluster URL needs at least one host:port")
+        seeds.append((host, int(port)))
+    first_host, first_port = seeds[0]
+    if ":" in first_host:
+        first_host = f"[{first_host}]"
+    netloc = f"{auth}@{first_host}:{first_port}" if auth else f"{first_host}:{first_port}"
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{scheme}://{netloc}/0{query}", seeds
+
+
+def connect(
+    url: str,
+    *,
+    max_connections: int | None = None,
+    blocking_timeout: float | None = None,
+    **options: Any,
+) -> Client:
+    """A client for `url`: `redis.Redis` for a server, `RedisCluster` for a cluster.
+
+    `max_connections` caps the pool (per node in a cluster); with
+    `blocking_timeout`, a thread that finds the pool exhausted waits that long
+    for a connection instead of failing at once.  `options` are connection
+    options (`socket_timeout`, `socket_connect_timeout`, ...).
+
+    A cluster client reads the slot map at construction, so this connects at
+    once for a cluster (a plain client connects on first use).
+
+    Raises:
+        ValueError: a malformed cluster URL.
+        redis.exceptions.RedisClusterException: no seed node of the cluster answers.
+    """
+    pool_class: type[redis.ConnectionPool] = redis.ConnectionPool
+    if blocking_timeout is not None:
+        pool_class = redis.BlockingConnectionPool
+        options["timeout"] = blocking_timeout
+    if max_connections is not None:
+        options["max_connections"] = max_connections
+    if not is_cluster(url):
+        # The client owns its pool: close() disconnects it (a readiness check
+        # builds a client per check).
+        return redis.Redis.from_pool(pool_class.from_url(url, **options))
+    first, seeds = cluster_seeds(url)
+    # Retries on timeouts are the cluster client's (it re-reads the slot map
+    # between attempts), so the per-node connections never retry on their own.
+    options.pop("retry_on_timeout", None)
+    return RedisCluster(
+        url=first,
+        startup_nodes=[ClusterNode(host, port) for host, port in seeds[1:]],
+        connection_pool_class=pool_class,
+        # Start while part of the slots are unserved (a node is failing over);
+        # commands for those slots fail until it is back, the rest work.
+        require_full_coverage=False,
+        **options,
+    )
+
+
+def subscriber(client: Client) -> PubSub:
+    """A pub/sub connection of `client` that skips subscribe confirmations.
+
+    On a cluster it connects to the node that owns the first channel's slot;
+    a classic PUBLISH sent to any node reaches the subscribers of all nodes.
+    """
+    if isinstance(client, RedisCluster):
+        return cast(PubSub, client.pubsub(ignore_subscribe_messages=True))
+    return cast(PubSub, client.pubsub(ignore_subscribe_messages=True))
