@@ -113,13 +113,13 @@ def reconcile_running(*, grace: timedelta | None = None) -> int:
     """Set every capped queue's running count right; return how many slots were freed.
 
     Adds executing tasks missing from the count and frees the slots, taken
-    more than `grace` ago (default: a third of the reconcile interval), of
+    more than `grace` ago (default: half the reconcile interval), of
     tasks that are not executing: a claim still between its take and its
     hand-out is younger than that.  Queues without a cap lose their set, so
     a cap set later counts afresh.  Holds no lock and no transaction.
     """
     if grace is None:
-        grace = timedelta(seconds=conf.BUFFER_RECONCILE_SECONDS / 3)
+        grace = timedelta(seconds=conf.BUFFER_RECONCILE_SECONDS / 2)
     buffer = get_buffer()
     uncapped: list[str] = []
     freed = 0

@@ -84,8 +84,11 @@ class WatchdogLoop(Loop):
     def reconcile(self) -> int:
         age = timedelta(seconds=conf.BUFFER_RECONCILE_SECONDS / 3)
         # Slots first: an id a dead claim left holding one is free again
-        # before it goes back into the ready set.
-        concurrency.reconcile_running(grace=age)
+        # before it goes back into the ready set.  A claim between its take
+        # and its hand-out holds a slot of a task not yet executing: half the
+        # interval is far longer than that takes, and a slot left behind is
+        # still free within the interval (this runs every third of it).
+        concurrency.reconcile_running(grace=timedelta(seconds=conf.BUFFER_RECONCILE_SECONDS / 2))
         return rebuffer_missing(claimed_before=timezone.now() - age)
 
     def forget_workers(self) -> None:

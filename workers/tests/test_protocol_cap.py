@@ -212,7 +212,7 @@ def test_reconcile__frees_a_slot_a_dead_claim_left_taken(settings: Any) -> None:
     assert taken.ids == [str(task.pk)]
     assert _claim() == []
     Task.objects.filter(pk=task.pk).update(status_changed_at=timezone.now() - timedelta(seconds=2))
-    time.sleep(1.1)  # older than the reconcile's grace (a third of its interval)
+    time.sleep(1.6)  # older than the reconcile's grace (half its interval)
     WatchdogLoop().reconcile()
     [handed] = _claim()
     assert handed.pk == task.pk
