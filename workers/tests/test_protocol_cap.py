@@ -247,3 +247,11 @@ def test_uncapped_queue__keeps_no_running_set() -> None:
     queue, _ = _capped(None, 2)
     assert len(_claim(max_tasks=2)) == 2
     assert get_buffer().running_count(queue.id) == 0
+
+
+def test_claim__skips_a_full_queue_and_takes_from_the_next() -> None:
+    _capped(1, 2)
+    _capped(None, 1, name="other")
+    assert len(_claim()) == 1  # q is full now
+    [handed] = protocol.claim(protocol.ClaimRequest("w", ["q", "other"], max_tasks=2))
+    assert handed.queue.name == "other"
