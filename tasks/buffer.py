@@ -13,6 +13,8 @@ TaskForge runs unchanged on Redis Cluster:
 - `tf:{<queue-id>}:counted` present while `running` is known to hold every
   executing task of the queue; a take on a capped queue without it hands
   out nothing until the count is rebuilt from Postgres (tasks.concurrency).
+- `tf:{<queue-id>}:counting` held (1 s at most) by the one claim rebuilding
+  that count, so a crowd of waiting claims does not all read Postgres.
 
 per task, `tf:{<task-id>}:hb`, a capped list of its recent heartbeat times
 (a diagnostic for the dashboard, see `workers.heartbeats`),
@@ -64,6 +66,10 @@ def running_key(queue_id: uuid.UUID | str) -> str:
 
 def counted_key(queue_id: uuid.UUID | str) -> str:
     return f"tf:{{{queue_id}}}:counted"
+
+
+def counting_key(queue_id: uuid.UUID | str) -> str:
+    return f"tf:{{{queue_id}}}:counting"
 
 
 def heartbeats_key(task_id: uuid.UUID | str) -> str:
@@ -320,6 +326,13 @@ class Buffer:
         members = cast(list[bytes], self.client.zrangebyscore(running_key(queue_id), "-inf", top))
         return [_text(member) for member in members]
 
+    def start_counting(self, queue_id: uuid.UUID | str) -> bool:
+        """True for the one caller that may rebuild the count now (for 1 s at most)."""
+        return bool(self.client.set(counting_key(queue_id), "1", nx=True, px=1000))
+
+    def done_counting(self, queue_id: uuid.UUID | str) -> None:
+        self.client.delete(counting_key(queue_id))
+
     def running_count(self, queue_id: uuid.UUID | str) -> int:
         return int(self.client.zcard(running_key(queue_id)))
 
@@ -382,7 +395,11 @@ class Buffer:
 
     def forget_queue(self, queue_id: uuid.UUID | str) -> None:
         self.client.delete(
-            ready_key(queue_id), bucket_key(queue_id), running_key(queue_id), counted_key(queue_id)
+            ready_key(queue_id),
+            bucket_key(queue_id),
+            running_key(queue_id),
+            counted_key(queue_id),
+            counting_key(queue_id),
         )
 
 

@@ -14,7 +14,8 @@ waiting claims when the queue was full):
 
 Postgres stays the truth.  When the set's `counted` mark is missing (Redis
 lost its data, or the queue just got its cap) a take hands out nothing and
-the claim rebuilds the count (`count_running`) before taking again.  The
+the claim rebuilds the count (`recount_for_claim`, one claim at a time)
+before taking again.  The
 watchdog's reconcile (`reconcile_running`) adds executing tasks the set
 misses and frees slots whose task is not executing, so a count gone wrong
 (a process died between its pop and its hand-out, a release lost with
@@ -107,6 +108,24 @@ def count_running(queue: Queue, *, ttl_ms: int = 0) -> None:
         finished = set(ids) - _executing(queue, ids)
         if finished:
             buffer.release(queue.id, sorted(finished), queue.max_concurrency)
+
+
+def recount_for_claim(queue: Queue) -> bool:
+    """Rebuild a capped queue's lost count for a claim; False when another claim is at it.
+
+    One claim at a time rebuilds (a lock of 1 s at most in Redis); the
+    others take nothing from the queue meanwhile and are woken when the
+    count is back, as by a new task.
+    """
+    buffer = get_buffer()
+    if not buffer.start_counting(queue.id):
+        return False
+    try:
+        count_running(queue, ttl_ms=CLAIM_COUNT_TTL_MS)
+    finally:
+        buffer.done_counting(queue.id)
+    buffer.wake([queue.id])
+    return True
 
 
 def reconcile_running(*, grace: timedelta | None = None) -> int:

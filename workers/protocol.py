@@ -142,10 +142,10 @@ def _claim_once(
             if want <= 0:
                 return handed, 0.0
             taken = buffer.take(queue.id, want, queue.rate_limit, queue.max_concurrency)
-            if taken.uncounted:
+            if taken.uncounted and concurrency.recount_for_claim(queue):
                 # Redis lost the queue's running count (or the cap is new):
-                # rebuild it from Postgres, then take under it.
-                concurrency.count_running(queue, ttl_ms=concurrency.CLAIM_COUNT_TTL_MS)
+                # rebuilt from Postgres, take under it.  Another claim
+                # rebuilding it wakes this one when done.
                 taken = buffer.take(queue.id, want, queue.rate_limit, queue.max_concurrency)
             if taken.wait_ms:
                 hint = taken.wait_ms / 1000

@@ -157,3 +157,10 @@ def test_prune__frees_only_slots_taken_before_the_cutoff(buffer: Buffer) -> None
     assert buffer.running("q", before_ms=cutoff) == ["old"]
     assert buffer.prune("q", ["old", "new"], before_ms=cutoff) == 1
     assert buffer.running("q") == ["new"]
+
+
+def test_start_counting__one_caller_at_a_time(buffer: Buffer) -> None:
+    assert buffer.start_counting("q") is True
+    assert buffer.start_counting("q") is False
+    buffer.done_counting("q")
+    assert buffer.start_counting("q") is True

@@ -255,3 +255,12 @@ def test_claim__skips_a_full_queue_and_takes_from_the_next() -> None:
     assert len(_claim()) == 1  # q is full now
     [handed] = protocol.claim(protocol.ClaimRequest("w", ["q", "other"], max_tasks=2))
     assert handed.queue.name == "other"
+
+
+def test_redis_lost__a_claim_finding_the_count_being_rebuilt_waits_for_it() -> None:
+    queue, _ = _capped(2, 2)
+    assert get_buffer().start_counting(queue.id)  # another claim is rebuilding it
+    assert _claim() == []
+    assert concurrency.recount_for_claim(queue) is False
+    get_buffer().done_counting(queue.id)
+    assert len(_claim(max_tasks=2)) == 2
