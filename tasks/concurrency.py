@@ -28,6 +28,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -78,7 +79,7 @@ def release_on_commit(tasks: Iterable[Task]) -> None:
             queues[task.queue_id] = task.queue
     for queue_id, ids in by_queue.items():
         queue = queues[queue_id]
-        transaction.on_commit(lambda queue=queue, ids=ids: release(queue, ids))  # type: ignore[misc]
+        transaction.on_commit(partial(release, queue, ids))
 
 
 def _executing(queue: Queue, among: Sequence[str] | None = None) -> set[str]:
