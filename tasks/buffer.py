@@ -105,7 +105,8 @@ def score(priority: int, scheduled_at: datetime) -> int:
 # An id still in the running set is a task whose previous attempt's slot has
 # not been released yet (a nack with no delay whose release is on its way):
 # it goes back into the ready set with its score and the next id is taken
-# instead, so one task never holds two slots' worth of count as one.
+# instead; taking it would count its new attempt in the old attempt's slot,
+# which that release then frees while the new attempt runs.
 _TAKE = """
 if redis.replicate_commands then redis.replicate_commands() end
 local want = tonumber(ARGV[1])
