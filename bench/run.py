@@ -14,7 +14,10 @@ load-generator processes over HTTP, and prints a readable table and one JSON lin
 5. scheduled precision (`scheduled`): delayed tasks handed to an idle long-polling worker,
    hand-out time minus `scheduled_at`;
 6. an idle fleet (`fleet`): a thousand workers long-polling, and what that leaves of the
-   API for everyone else (/healthz and enqueue p99, delivery to the fleet, API memory).
+   API for everyone else (/healthz and enqueue p99, delivery to the fleet, API memory);
+7. a capped queue (`capped`): `max_concurrency` 10 with 20 workers claiming one task at a
+   time, each holding it 10 ms before its ack: tasks/s, and the most tasks executing at once
+   as sampled in Postgres during the window (never above the cap).
 
 Each figure is measured over several runs (median, min, max); the CPU each component used
 during the measured windows is reported too, to show what bounds the figure.
@@ -81,6 +84,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "latency_p99": ("<=", 25.0, "ms"),
     # Issue 15: a delayed task handed out at most this long after its `scheduled_at`.
     "scheduled_p99": ("<=", 100.0, "ms"),
+    # Issue 15: a queue's max_concurrency is never exceeded (sampled), with --capped-limit 10.
+    "capped_max_running": ("<=", 10, "tasks"),
 }
 
 PAYLOAD = {"job": "bench", "args": [1, 2, 3], "note": "x" * 40}
@@ -295,6 +300,7 @@ def load_workers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     _child_init()
     address, key, queue = tuple(cfg["address"]), cfg["key"], cfg["queue"]
     max_tasks = cfg["max_tasks"]
+    work_s = cfg.get("work_ms", 0) / 1000  # the "work" between the claim and the ack
     lock = threading.Lock()
     in_window = [0.0]
     failures = [0]
@@ -322,6 +328,8 @@ def load_workers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
             if not tasks:
                 empty_claims[0] += 1
                 continue
+            if work_s:
+                time.sleep(work_s)
             if max_tasks == 1:
                 ok = 0
                 for task in tasks:
@@ -1113,9 +1121,9 @@ class Bench:
         into["fill"] = retained_history.fill(self.libpq_url, queue["id"], count, PAYLOAD, log)
         log(f"retained: done ({into['fill']})")
 
-    def new_queue(self, label: str) -> str:
+    def new_queue(self, label: str, **fields: Any) -> str:
         name = f"bench-{label}-{uuid.uuid4().hex[:6]}"
-        queue = self.api("POST", "/queues", {"name": name})
+        queue = self.api("POST", "/queues", {"name": name, **fields})
         self._queue_ids.append(queue["id"])
         self.queues[name] = queue["id"]
         return name
@@ -1451,6 +1459,76 @@ class Bench:
             "runs": per_run,
         }
 
+    def _sample_executing(self, queue_id: str, samples: list[int], stop: threading.Event) -> None:
+        """Count the queue's executing tasks in Postgres every 2 ms until `stop`."""
+        import psycopg
+
+        query = "SELECT count(*) FROM tasks_task WHERE queue_id = %s AND status = %s"
+        with psycopg.connect(self.libpq_url, autocommit=True) as conn:
+            while not stop.is_set():
+                row = conn.execute(query, (queue_id, "executing")).fetchone()
+                samples.append(int(row[0]) if row else 0)
+                time.sleep(0.002)
+
+    def phase_capped(self, runs: int) -> dict[str, Any]:
+        """A queue with max_concurrency: tasks/s and the most executing at once (sampled)."""
+        args = self.args
+        cap = args.capped_limit
+        per_run = []
+        for run in range(runs):
+            queue = self.new_queue("capped", max_concurrency=cap)
+            queue_id = self.queues[queue]
+            prod = {"queue": queue, "threads": 1, "batch": 1000, "max_backlog": 2000}
+            work = {
+                "queue": queue,
+                "threads": args.capped_workers,
+                "max_tasks": 1,
+                "work_ms": args.capped_work_ms,
+            }
+            samples: list[int] = []
+            stop = threading.Event()
+            sampler = threading.Thread(
+                target=self._sample_executing, args=(queue_id, samples, stop), daemon=True
+            )
+            sampler.start()
+            try:
+                (p, w), cores, shared = self.run_load(
+                    [(load_producers, prod), (load_workers, work)],
+                    warmup=args.e2e_warmup,
+                    window=args.window,
+                    drain=args.drain,
+                )
+            finally:
+                stop.set()
+                sampler.join(5)
+            window = shared.t_end.value - shared.t_start.value
+            result = {
+                "rate": w["acked_in_window"] / window,
+                "max_running": max(samples, default=0),
+                "samples": len(samples),
+                "failures": p["failures"] + w["failures"],
+                "empty_claims": w["empty_claims"],
+                "cores": finish_cores(cores, p["client_cpu_s"] + w["client_cpu_s"], window),
+            }
+            self.retire_queue(queue)
+            self.settle()
+            per_run.append(result)
+            log(
+                f"capped run {run + 1}/{runs}: {result['rate']:.0f} tasks/s, at most "
+                f"{result['max_running']} executing of {cap} ({result['samples']} samples)"
+            )
+        return {
+            "unit": "tasks/s",
+            "max_concurrency": cap,
+            "workers": args.capped_workers,
+            "work_ms": args.capped_work_ms,
+            **summary([r["rate"] for r in per_run]),
+            "max_running": max(r["max_running"] for r in per_run),
+            "cores": median_dict([r["cores"] for r in per_run]),
+            "failures": sum(r["failures"] for r in per_run),
+            "runs": per_run,
+        }
+
     def phase_scheduled(self, runs: int) -> dict[str, Any]:
         """Delayed tasks: hand-out time minus `scheduled_at` with an idle long-polling worker."""
         args = self.args
@@ -1581,6 +1659,7 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
         "latency_p50": results.get("latency", {}).get("p50", {}).get("median"),
         "latency_p99": results.get("latency", {}).get("p99", {}).get("median"),
         "scheduled_p99": results.get("scheduled", {}).get("p99", {}).get("median"),
+        "capped_max_running": results.get("capped", {}).get("max_running"),
     }
     out = {}
     for name, (op, threshold, unit) in TARGETS.items():
@@ -1636,6 +1715,15 @@ def table(report: dict[str, Any]) -> str:
     if "scheduled" in res:
         row("scheduled_at->hand-out p50", res["scheduled"]["p50"], "ms")
         row("scheduled_at->hand-out p99", res["scheduled"]["p99"], "ms", "scheduled_p99")
+    if "capped" in res:
+        c = res["capped"]
+        label = (
+            f"capped (max_concurrency {c['max_concurrency']}, {c['workers']}W, {c['work_ms']} ms)"
+        )
+        row(label, c, "tasks/s")
+        runs = [r["max_running"] for r in c["runs"]]
+        most = {"median": statistics.median(runs), "min": min(runs), "max": max(runs)}
+        row("capped: most executing at once", most, "tasks", "capped_max_running")
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -1657,7 +1745,7 @@ def table(report: dict[str, Any]) -> str:
         f"{report['environment'].get('cpus')} cores = the whole machine):"
     )
     phases = ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "sdk", "latency")
-    for name in (*phases, "scheduled"):
+    for name in (*phases, "scheduled", "capped"):
         if name in res:
             cores = res[name]["cores"]
             ranked = sorted(cores.items(), key=lambda item: -item[1])
@@ -1722,8 +1810,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
     p.add_argument(
         "--only",
-        default="enqueue,e2e,sdk,latency,scheduled,fleet",
-        help="comma-separated phases: enqueue, e2e, sdk, latency, scheduled, fleet (default all)",
+        default="enqueue,e2e,sdk,latency,scheduled,capped,fleet",
+        help=(
+            "comma-separated phases: enqueue, e2e, sdk, latency, scheduled, capped, fleet "
+            "(default all)"
+        ),
     )
     p.add_argument("--window", type=float, default=3.0, help="measured seconds per run")
     p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before")
@@ -1744,6 +1835,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-samples", type=int, default=200)
     p.add_argument("--latency-gap", type=float, default=0.02, help="idle seconds before each")
     p.add_argument("--scheduled-samples", type=int, default=60, help="delayed tasks per run")
+    p.add_argument("--capped-limit", type=int, default=10, help="the capped queue's cap")
+    p.add_argument("--capped-workers", type=int, default=20, help="workers on the capped queue")
+    p.add_argument("--capped-work-ms", type=int, default=10, help="each task's work, in ms")
     p.add_argument("--profile", metavar="DIR", help="one extra py-spy-recorded run per phase")
     p.add_argument("--json", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument(
@@ -1762,7 +1856,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
-    unknown = args.phases - {"enqueue", "e2e", "sdk", "latency", "scheduled", "fleet"}
+    unknown = args.phases - {"enqueue", "e2e", "sdk", "latency", "scheduled", "capped", "fleet"}
     if unknown:
         p.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     if args.runs < 1:
@@ -1796,6 +1890,8 @@ def run_phases(bench: Bench, args: argparse.Namespace, profile: bool) -> dict[st
         results["latency"] = bench.phase_latency(args.runs, profile)
     if "scheduled" in args.phases:
         results["scheduled"] = bench.phase_scheduled(args.runs)
+    if "capped" in args.phases:
+        results["capped"] = bench.phase_capped(args.runs)
     if "fleet" in args.phases:
         results["fleet"] = bench.phase_fleet()
     return results

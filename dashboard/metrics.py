@@ -1,8 +1,9 @@
 """GET /metrics: Prometheus exposition (API.md, "Operations").
 
 The counters and histograms come from `taskforge.metrics` (every process's,
-in multiprocess mode); the gauges (queue depth, DLQ depth, worker heartbeat
-age) are read from Postgres at scrape time, here, where every app may be read.
+in multiprocess mode); the gauges (queue depth, running tasks against the
+queue's cap, DLQ depth, worker heartbeat age) are read from Postgres at scrape
+time, here, where every app may be read.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ SCRAPE_STATEMENT_TIMEOUT_MS = 5000
 
 
 class DatabaseGauges:
-    """Queue depth, DLQ depth and worker heartbeat age, read from Postgres.
+    """Queue depth, running tasks and caps, DLQ depth and worker heartbeat age, from Postgres.
 
     `tasks.stats.queues_stats` for every queue (grouped counts over the live
     statuses only, never the done and cancelled history) and the workers
@@ -46,7 +47,7 @@ class DatabaseGauges:
 
     def collect(self) -> Iterator[Metric]:
         try:
-            depth, dlq, ages = self._read()
+            depth, dlq, ages, caps = self._read()
         except DatabaseError as exc:
             logger.warning("metrics.gauges_unavailable", extra={"error": repr(exc)})
             return
@@ -58,6 +59,20 @@ class DatabaseGauges:
         for queue, counts in depth.items():
             for status in DEPTH_STATUSES:
                 queue_depth.add_metric([queue, status], counts[status])
+        running = GaugeMetricFamily(
+            "taskforge_queue_running",
+            "Tasks executing now, by queue (compare taskforge_queue_max_concurrency).",
+            labels=["queue"],
+        )
+        for queue, counts in depth.items():
+            running.add_metric([queue], counts["executing"])
+        cap = GaugeMetricFamily(
+            "taskforge_queue_max_concurrency",
+            "The queue's max_concurrency; only queues that have one.",
+            labels=["queue"],
+        )
+        for queue, value in caps.items():
+            cap.add_metric([queue], value)
         dlq_depth = GaugeMetricFamily(
             "taskforge_dlq_depth", "Dead tasks (the dead-letter queue) by queue.", labels=["queue"]
         )
@@ -70,10 +85,12 @@ class DatabaseGauges:
         )
         for worker_id, age in ages:
             heartbeat_age.add_metric([worker_id], age)
-        yield from (queue_depth, dlq_depth, heartbeat_age)
+        yield from (queue_depth, running, cap, dlq_depth, heartbeat_age)
 
     @staticmethod
-    def _read() -> tuple[dict[str, dict[str, int]], dict[str, int], list[tuple[str, float]]]:
+    def _read() -> tuple[
+        dict[str, dict[str, int]], dict[str, int], list[tuple[str, float]], dict[str, int]
+    ]:
         now = timezone.now()
         with transaction.atomic():
             with connection.cursor() as cursor:
@@ -92,7 +109,8 @@ class DatabaseGauges:
         depth = {queue.name: stats[queue.id]["depth"] for queue in queues}
         dlq = {queue.name: stats[queue.id]["dlq_depth"] for queue in queues}
         ages = [(worker_id, max((now - at).total_seconds(), 0.0)) for worker_id, at in seen]
-        return depth, dlq, ages
+        caps = {q.name: q.max_concurrency for q in queues if q.max_concurrency is not None}
+        return depth, dlq, ages, caps
 
 
 class _Scrape:

@@ -84,6 +84,7 @@ def queue_row(queue: Queue, stats: dict[str, Any]) -> dict[str, Any]:
     return {
         "name": queue.name,
         "paused": queue.paused,
+        "max_concurrency": queue.max_concurrency,
         "health": level,
         "health_label": LABELS[level],
         "reasons": reasons,
@@ -95,6 +96,12 @@ def queue_row(queue: Queue, stats: dict[str, Any]) -> dict[str, Any]:
         "oldest_pending_age_seconds": stats["oldest_pending_age_seconds"],
         "text": {
             **{name: fmt.number(value) for name, value in depth.items()},
+            # Running against the cap, when the queue has one ("7 / 10").
+            **(
+                {"executing": f"{fmt.number(depth['executing'])} / {fmt.number(cap)}"}
+                if (cap := queue.max_concurrency) is not None
+                else {}
+            ),
             "dlq_depth": fmt.number(stats["dlq_depth"]),
             "throughput": fmt.rate(stats["throughput_per_second"]),
             "error_rate": fmt.percent(stats["error_rate"]),

@@ -1,4 +1,4 @@
-"""Queues: named lanes with their own retry budget, rate limit and pause flag."""
+"""Queues: named lanes with their own retry budget, rate limit, concurrency cap and pause flag."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from django.db.models import Q
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 _QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
 MAX_RETRIES_LIMIT = 100
+MAX_CONCURRENCY_LIMIT = 100_000
 
 
 def is_queue_name(text: str) -> bool:
@@ -29,6 +30,13 @@ class Queue(models.Model):
     )
     # Tasks handed out per second across all API processes; NULL is unlimited.
     rate_limit = models.PositiveIntegerField(null=True, blank=True)
+    # Tasks executing at once across all API processes; NULL is unlimited.
+    # Enforced in Redis by the claim's take (tasks.buffer, tasks.concurrency).
+    max_concurrency = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_CONCURRENCY_LIMIT)],
+    )
     paused = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -42,6 +50,11 @@ class Queue(models.Model):
             models.CheckConstraint(
                 condition=Q(rate_limit__isnull=True) | Q(rate_limit__gte=1),
                 name="queue_rate_limit_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_concurrency__isnull=True)
+                | Q(max_concurrency__gte=1, max_concurrency__lte=MAX_CONCURRENCY_LIMIT),
+                name="queue_max_concurrency_range",
             ),
         ]
 

@@ -2,7 +2,10 @@
 
 Examples::
 
-    taskforge queues
+    taskforge queues    (or: taskforge queues list)
+    taskforge queues create emails --max-retries 5 --rate-limit 20 --max-concurrency 10
+    taskforge queues update emails --max-concurrency none    # none: no limit
+    taskforge queues pause emails  |  taskforge queues resume emails
     taskforge enqueue emails '{"to": "a@example.com"}' --priority 1 --delay 30
     taskforge task emails 0190...
     taskforge stats emails
@@ -38,7 +41,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=10.0)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("queues", help="list queues")
+    queues = sub.add_parser("queues", help="list queues; create, change, pause, resume one")
+    queues_sub = queues.add_subparsers(dest="queues_command")
+    queues_sub.add_parser("list", help="list queues (the default)")
+    for verb, text in [("create", "add a queue (admin)"), ("update", "change a queue (admin)")]:
+        one = queues_sub.add_parser(verb, help=text)
+        one.add_argument("name")
+        one.add_argument("--max-retries", type=int)
+        one.add_argument("--rate-limit", type=_int_or_none, help="tasks per second, or none")
+        one.add_argument(
+            "--max-concurrency",
+            type=_int_or_none,
+            help="tasks executing at once across all workers, or none",
+        )
+        if verb == "create":
+            one.add_argument("--paused", action="store_true", help="create it paused")
+    for verb, text in [("show", "show a queue"), ("pause", "pause a queue (admin)")]:
+        queues_sub.add_parser(verb, help=text).add_argument("name")
+    queues_sub.add_parser("resume", help="resume a queue (admin)").add_argument("name")
 
     enqueue = sub.add_parser("enqueue", help="add a task")
     enqueue.add_argument("queue")
@@ -101,6 +121,46 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NONE = object()  # `none` on the command line: remove the limit
+
+
+def _int_or_none(text: str) -> Any:
+    if text.lower() == "none":
+        return _NONE
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer or none: {text!r}") from None
+
+
+def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
+    command = args.queues_command
+    if command in (None, "list"):
+        return {"results": [q.raw for q in client.list_queues()]}
+    if command == "create":
+        return client.create_queue(
+            args.name,
+            max_retries=args.max_retries,
+            rate_limit=None if args.rate_limit is _NONE else args.rate_limit,
+            max_concurrency=None if args.max_concurrency is _NONE else args.max_concurrency,
+            paused=True if args.paused else None,
+        ).raw
+    if command == "update":
+        changes: dict[str, Any] = {}
+        for name in ("rate_limit", "max_concurrency"):
+            value = getattr(args, name)
+            if value is not None:
+                changes[name] = None if value is _NONE else value
+        return client.update_queue(args.name, max_retries=args.max_retries, **changes).raw
+    if command == "show":
+        return client.get_queue(args.name).raw
+    if command == "pause":
+        return client.pause_queue(args.name).raw
+    if command == "resume":
+        return client.resume_queue(args.name).raw
+    raise AssertionError(args)  # pragma: no cover
+
+
 def _run_schedules(args: argparse.Namespace, client: TaskForge) -> Any:
     command = args.schedules_command
     if command == "list":
@@ -141,7 +201,7 @@ def _run_schedules(args: argparse.Namespace, client: TaskForge) -> Any:
 
 def _run(args: argparse.Namespace, client: TaskForge) -> Any:
     if args.command == "queues":
-        return {"results": [q.raw for q in client.list_queues()]}
+        return _run_queues(args, client)
     if args.command == "enqueue":
         from taskforge_client.models import parse_time
 

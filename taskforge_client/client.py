@@ -254,14 +254,21 @@ class TaskForge:
         *,
         max_retries: int | None = None,
         rate_limit: int | None = None,
+        max_concurrency: int | None = None,
         paused: bool | None = None,
     ) -> Queue:
-        """Create a queue (admin). Raises `Conflict` (`queue_exists`) when it exists."""
+        """Create a queue (admin). Raises `Conflict` (`queue_exists`) when it exists.
+
+        `max_concurrency`: at most this many of its tasks executing at once,
+        across all workers (None: unlimited).
+        """
         body: dict[str, Any] = {"name": name}
         if max_retries is not None:
             body["max_retries"] = max_retries
         if rate_limit is not None:
             body["rate_limit"] = rate_limit
+        if max_concurrency is not None:
+            body["max_concurrency"] = max_concurrency
         if paused is not None:
             body["paused"] = paused
         return Queue.from_dict(self.request("POST", "/queues", body))
@@ -280,14 +287,18 @@ class TaskForge:
         *,
         max_retries: int | None = None,
         rate_limit: int | None = _UNSET,
+        max_concurrency: int | None = _UNSET,
         paused: bool | None = None,
     ) -> Queue:
-        """Change a queue's settings (admin). `rate_limit=None` removes the limit."""
+        """Change a queue's settings (admin). `rate_limit=None` removes the limit,
+        `max_concurrency=None` the cap (tasks running past a lowered cap go on)."""
         body: dict[str, Any] = {}
         if max_retries is not None:
             body["max_retries"] = max_retries
         if rate_limit is not _UNSET:
             body["rate_limit"] = rate_limit
+        if max_concurrency is not _UNSET:
+            body["max_concurrency"] = max_concurrency
         if paused is not None:
             body["paused"] = paused
         return Queue.from_dict(self.request("PATCH", f"/queues/{_q(name)}", body))

@@ -29,6 +29,8 @@ class Queue:
     paused: bool
     created_at: datetime | None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # Last, with a default: a server before API.md v1.1 does not send it.
+    max_concurrency: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Queue:
@@ -40,6 +42,7 @@ class Queue:
             paused=bool(data.get("paused")),
             created_at=parse_time(data.get("created_at")),
             raw=data,
+            max_concurrency=data.get("max_concurrency"),
         )
 
 

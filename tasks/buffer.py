@@ -11,17 +11,28 @@ one slot, and each script, pipeline and multi-key command touches one slot
 - `tf:{<queue-id>}:epoch`  set by a dispatcher; missing means the keys of
   the queue were lost (a restart without persistence, a FLUSHALL, a cluster
   node that came back empty), and the dispatcher re-buffers the queue at once.
+- `tf:{<queue-id>}:running` sorted set of the ids a claim took from a queue
+  with `max_concurrency`, scored by when (ms, Redis clock): the slots in use.
+  A take adds them; the end of the attempt (ack, nack, lease expiry) or a
+  hand-out that did not happen removes them (`release`).
+- `tf:{<queue-id>}:counted` present while `running` is known to hold every
+  executing task of the queue; a take on a capped queue without it hands
+  out nothing until the count is rebuilt from Postgres (tasks.concurrency).
+- `tf:{<queue-id>}:counting` held (1 s at most) by the one claim rebuilding
+  that count, so a crowd of waiting claims does not all read Postgres.
 
 per task, `tf:{<task-id>}:hb`, a capped list of its recent heartbeat times
 (a diagnostic for the dashboard, see `workers.heartbeats`),
 
 and one pub/sub channel, `tf:wake`, on which the dispatcher names the queues
-it just filled so waiting long polls try again at once.  A classic PUBLISH
-reaches the subscribers of every node of a cluster.
+it just filled (and a release names the queue it freed a slot of) so
+waiting long polls try again at once.  A classic PUBLISH reaches the
+subscribers of every node of a cluster.
 
 Redis is only a buffer: Postgres says what a task's status is.  Losing any
 of these keys loses no task; the watchdog's reconcile puts `claimed` tasks
-that are missing from their set back in.
+that are missing from their set back in, and rebuilds each capped queue's
+running set from its `executing` tasks.
 """
 
 from __future__ import annotations
@@ -60,6 +71,18 @@ def epoch_key(queue_id: uuid.UUID | str) -> str:
     return f"tf:{{{queue_id}}}:epoch"
 
 
+def running_key(queue_id: uuid.UUID | str) -> str:
+    return f"tf:{{{queue_id}}}:running"
+
+
+def counted_key(queue_id: uuid.UUID | str) -> str:
+    return f"tf:{{{queue_id}}}:counted"
+
+
+def counting_key(queue_id: uuid.UUID | str) -> str:
+    return f"tf:{{{queue_id}}}:counting"
+
+
 def heartbeats_key(task_id: uuid.UUID | str) -> str:
     """Capped list of a task's recent heartbeat times (workers.heartbeats)."""
     return f"tf:{{{task_id}}}:hb"
@@ -77,48 +100,147 @@ def score(priority: int, scheduled_at: datetime) -> int:
     return priority * _PRIORITY_WEIGHT + (scheduled_at - _EPOCH) // _MS
 
 
-# KEYS[1] ready set, KEYS[2] bucket; ARGV[1] how many at most, ARGV[2] rate
-# per second (0: unlimited).  Returns {ids, wait_ms}: wait_ms > 0 when the
-# bucket is empty and tells when the next token is due.
+# KEYS[1] ready set, KEYS[2] bucket, KEYS[3] running set, KEYS[4] counted
+# mark; ARGV[1] how many at most, ARGV[2] rate per second (0: unlimited),
+# ARGV[3] max_concurrency (0: unlimited).  Returns {ids, wait_ms, state}:
+# wait_ms > 0 when the bucket is empty and tells when the next token is due;
+# state 1 when the queue is at its cap, 2 when its running count is unknown
+# (nothing taken either way).
 #
 # A bucket of capacity R refilled at R/s hands out at most R*T + R tasks over
 # any T seconds (API.md).  Time comes from the Redis server, so every API
-# process shares one clock.
+# process shares one clock.  The cap is checked and the slots taken in the
+# same script, so claims racing in any number of processes never take more
+# than `cap - ZCARD(running)` between them.
+#
+# An id still in the running set is a task whose previous attempt's slot has
+# not been released yet (a nack with no delay whose release is on its way):
+# it goes back into the ready set with its score and the next id is taken
+# instead; taking it would count its new attempt in the old attempt's slot,
+# which that release then frees while the new attempt runs.
 _TAKE = """
 if redis.replicate_commands then redis.replicate_commands() end
 local want = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
-if rate <= 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[1], want)
-  local ids = {}
-  for i = 1, #popped, 2 do ids[#ids + 1] = popped[i] end
-  return {ids, 0}
+local cap = tonumber(ARGV[3])
+local now = nil
+if cap > 0 then
+  if redis.call('EXISTS', KEYS[4]) == 0 then
+    return {{}, 0, 2}
+  end
+  local allowed = cap - redis.call('ZCARD', KEYS[3])
+  if allowed <= 0 then
+    return {{}, 0, 1}
+  end
+  want = math.min(want, allowed)
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local state = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
-local tokens = tonumber(state[1])
-local ts = tonumber(state[2])
-if tokens == nil or ts == nil then
-  tokens = rate
-  ts = now
+local tokens = nil
+if rate > 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local state = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
+  tokens = tonumber(state[1])
+  local ts = tonumber(state[2])
+  if tokens == nil or ts == nil then
+    tokens = rate
+    ts = now
+  end
+  if now > ts then
+    tokens = math.min(rate, tokens + (now - ts) * rate / 1000)
+  end
+  want = math.min(want, math.floor(tokens))
 end
-if now > ts then
-  tokens = math.min(rate, tokens + (now - ts) * rate / 1000)
-end
-local take = math.min(want, math.floor(tokens))
 local ids = {}
-if take >= 1 then
-  local popped = redis.call('ZPOPMIN', KEYS[1], take)
-  for i = 1, #popped, 2 do ids[#ids + 1] = popped[i] end
-  tokens = tokens - #ids
+if want >= 1 then
+  if cap <= 0 then
+    local popped = redis.call('ZPOPMIN', KEYS[1], want)
+    for i = 1, #popped, 2 do ids[#ids + 1] = popped[i] end
+  else
+    if now == nil then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    local held = {}
+    for round = 1, 3 do
+      local need = want - #ids
+      if need < 1 then break end
+      local popped = redis.call('ZPOPMIN', KEYS[1], need)
+      if #popped == 0 then break end
+      for i = 1, #popped, 2 do
+        if redis.call('ZSCORE', KEYS[3], popped[i]) then
+          held[#held + 1] = popped[i + 1]
+          held[#held + 1] = popped[i]
+        else
+          redis.call('ZADD', KEYS[3], now, popped[i])
+          ids[#ids + 1] = popped[i]
+        end
+      end
+    end
+    if #held > 0 then
+      redis.call('ZADD', KEYS[1], unpack(held))
+    end
+  end
 end
+if rate <= 0 then
+  return {ids, 0, 0}
+end
+tokens = tokens - #ids
 redis.call('HSET', KEYS[2], 'tokens', tostring(tokens), 'ts', tostring(now))
 redis.call('PEXPIRE', KEYS[2], 3600000)
 if #ids == 0 and tokens < 1 then
-  return {ids, math.ceil((1 - tokens) * 1000 / rate)}
+  return {ids, math.ceil((1 - tokens) * 1000 / rate), 0}
 end
-return {ids, 0}
+return {ids, 0, 0}
+"""
+
+# KEYS[1] running set; ARGV[1] the cap (0: none), ARGV[2] the wake channel,
+# ARGV[3] the queue id, ARGV[4...] task ids.  Frees the ids' slots; when the
+# queue was at its cap, wakes waiting claims (a slot frees as a new task
+# would).  Returns how many slots were freed.
+_RELEASE = """
+local cap = tonumber(ARGV[1])
+local before = redis.call('ZCARD', KEYS[1])
+local freed = 0
+for i = 4, #ARGV do
+  freed = freed + redis.call('ZREM', KEYS[1], ARGV[i])
+end
+if freed > 0 and cap > 0 and before >= cap then
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return freed
+"""
+
+# KEYS[1] running set, KEYS[2] counted mark; ARGV[1] the mark's lifetime in
+# ms (0: no end; -1: leave the mark alone), ARGV[2...] ids of executing
+# tasks.  Adds the ids that are not there yet (a member keeps its time).
+_COUNT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[1], 'NX', now, ARGV[i])
+end
+local ttl = tonumber(ARGV[1])
+if ttl > 0 then
+  redis.call('SET', KEYS[2], now, 'PX', ttl)
+elseif ttl == 0 then
+  redis.call('SET', KEYS[2], now)
+end
+return now
+"""
+
+# KEYS[1] running set; ARGV[1] cutoff (ms), ARGV[2...] ids.  Removes each id
+# whose time is still before the cutoff: an id taken again since (a retry
+# handed out anew) has a later time and stays.  Returns how many went.
+_PRUNE = """
+local cutoff = tonumber(ARGV[1])
+local removed = 0
+for i = 2, #ARGV do
+  local at = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if at and tonumber(at) < cutoff then
+    removed = removed + redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+end
+return removed
 """
 
 
@@ -130,6 +252,8 @@ _Scored = list[tuple[bytes | str, float]]
 class Taken:
     ids: list[str]
     wait_ms: int  # > 0: rate-limited; try again after this long
+    full: bool = False  # at max_concurrency: a release wakes the claim
+    uncounted: bool = False  # capped, running count unknown: rebuild it, then take again
 
 
 class Buffer:
@@ -138,6 +262,9 @@ class Buffer:
     def __init__(self, client: Client) -> None:
         self.client = client
         self._take = client.register_script(_TAKE)
+        self._release = client.register_script(_RELEASE)
+        self._count = client.register_script(_COUNT)
+        self._prune = client.register_script(_PRUNE)
 
     def push(
         self, queue_id: uuid.UUID | str, items: Iterable[tuple[str, int]], *, wake: bool = False
@@ -164,12 +291,87 @@ class Buffer:
         added, _ = pipe.execute()
         return int(added)
 
-    def take(self, queue_id: uuid.UUID | str, limit: int, rate_limit: int | None) -> Taken:
-        """Pop up to `limit` ids in order, as the queue's token bucket allows."""
-        ids, wait_ms = self._take(
-            keys=[ready_key(queue_id), bucket_key(queue_id)], args=[limit, rate_limit or 0]
+    def take(
+        self,
+        queue_id: uuid.UUID | str,
+        limit: int,
+        rate_limit: int | None,
+        max_concurrency: int | None = None,
+    ) -> Taken:
+        """Pop up to `limit` ids in order, as the queue's token bucket and cap allow.
+
+        With a cap, the ids taken hold a slot each until `release`.
+        """
+        ids, wait_ms, state = self._take(
+            keys=[
+                ready_key(queue_id),
+                bucket_key(queue_id),
+                running_key(queue_id),
+                counted_key(queue_id),
+            ],
+            args=[limit, rate_limit or 0, max_concurrency or 0],
         )
-        return Taken([_text(i) for i in ids], int(wait_ms))
+        return Taken([_text(i) for i in ids], int(wait_ms), state == 1, state == 2)
+
+    def release(
+        self, queue_id: uuid.UUID | str, task_ids: Sequence[str], max_concurrency: int | None
+    ) -> int:
+        """Free the slots of `task_ids` (idempotent); wake claims if the queue was full."""
+        if not task_ids:
+            return 0
+        return int(
+            self._release(
+                keys=[running_key(queue_id)],
+                args=[max_concurrency or 0, WAKE_CHANNEL, str(queue_id), *task_ids],
+            )
+        )
+
+    def count(
+        self, queue_id: uuid.UUID | str, task_ids: Sequence[str], *, mark_ttl_ms: int | None = 0
+    ) -> None:
+        """Add executing ids to the running set and mark the count as known.
+
+        `mark_ttl_ms` > 0: the mark lapses after that long (the count is
+        rebuilt again then); 0: it stays; None: the mark is not set (more
+        ids are to come).
+        """
+        ttl = -1 if mark_ttl_ms is None else mark_ttl_ms
+        self._count(keys=[running_key(queue_id), counted_key(queue_id)], args=[ttl, *task_ids])
+
+    def running(self, queue_id: uuid.UUID | str, *, before_ms: int | None = None) -> list[str]:
+        """Ids holding a slot (only those that took it before `before_ms`, Redis clock)."""
+        top = "+inf" if before_ms is None else f"({before_ms}"
+        members = cast(list[bytes], self.client.zrangebyscore(running_key(queue_id), "-inf", top))
+        return [_text(member) for member in members]
+
+    def start_counting(self, queue_id: uuid.UUID | str) -> bool:
+        """True for the one caller that may rebuild the count now (for 1 s at most)."""
+        return bool(self.client.set(counting_key(queue_id), "1", nx=True, px=1000))
+
+    def done_counting(self, queue_id: uuid.UUID | str) -> None:
+        self.client.delete(counting_key(queue_id))
+
+    def running_count(self, queue_id: uuid.UUID | str) -> int:
+        return int(self.client.zcard(running_key(queue_id)))
+
+    def prune(self, queue_id: uuid.UUID | str, task_ids: Sequence[str], *, before_ms: int) -> int:
+        """Free the slots of `task_ids` that were taken before `before_ms` only."""
+        if not task_ids:
+            return 0
+        return int(self._prune(keys=[running_key(queue_id)], args=[before_ms, *task_ids]))
+
+    def forget_running(self, queue_ids: Iterable[uuid.UUID | str]) -> None:
+        """Drop the running sets of queues without a cap (a new cap counts afresh)."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue_id in queue_ids:
+            # One DEL per queue: both keys share its hash tag (one cluster slot).
+            pipe.delete(running_key(queue_id), counted_key(queue_id))
+        pipe.execute()
+
+    def now_ms(self) -> int:
+        """The Redis server's clock, in ms (the running set's scores)."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
     def remove(self, queue_id: uuid.UUID | str, task_ids: Sequence[str]) -> int:
         if not task_ids:
@@ -222,7 +424,14 @@ class Buffer:
             self.client.publish(WAKE_CHANNEL, names)
 
     def forget_queue(self, queue_id: uuid.UUID | str) -> None:
-        self.client.delete(ready_key(queue_id), bucket_key(queue_id), epoch_key(queue_id))
+        self.client.delete(
+            ready_key(queue_id),
+            bucket_key(queue_id),
+            running_key(queue_id),
+            counted_key(queue_id),
+            counting_key(queue_id),
+            epoch_key(queue_id),
+        )
 
 
 def _text(value: bytes | str) -> str:

@@ -33,7 +33,7 @@ from queues.notify import wake_dispatchers, wake_scheduler
 from taskforge import metrics
 from taskforge.lib import internals, jsonutil, pg
 from taskforge.lib.ids import uuid7
-from tasks import signals, sql
+from tasks import concurrency, signals, sql
 from tasks.exceptions import InvalidTransition
 from tasks.lifecycle import Edge
 from tasks.models import Task, TaskEvent, TaskStatus
@@ -261,7 +261,8 @@ def ack(
     Each item is guarded by holder (`claimed_by == worker_id`, and the claiming
     key when `key_id` is given) and attempt;
     items that fail the guard are skipped, and the caller tells why.  Returns
-    the acked tasks (any order), in one statement.
+    the acked tasks (any order), in one statement.  Their concurrency slots
+    are freed once it commits.
     """
     if not items:
         return []
@@ -276,6 +277,7 @@ def ack(
     }
     moved = _run(sql.ACK.text, params, queues)
     _log_rows(moved, S.EXECUTING, event="acked", now=now, worker_id=worker_id)
+    concurrency.release_on_commit(moved)
     return moved
 
 
@@ -291,6 +293,7 @@ def fail(
     """executing -> retry, or -> dead once attempts are spent or `retry` is False.
 
     A retry is due after the backoff (`tasks.retry`) or `retry_after_seconds`.
+    The task's concurrency slot is freed once the move commits.
     Caller contract: holds the row lock inside `atomic()`.
 
     Raises:
@@ -310,6 +313,7 @@ def fail(
             changes={"last_error": error, "finished_at": now},
         )
         signals.dead_lettered.send(sender=Task, tasks=[task], error=error, now=now)
+        concurrency.release_on_commit([task])
         return
     if retry_after_seconds is not None:
         due = now + timedelta(seconds=retry_after_seconds)
@@ -326,6 +330,7 @@ def fail(
         error=error,
         changes={"last_error": error, "scheduled_at": due},
     )
+    concurrency.release_on_commit([task])
 
 
 @verb(_RETRY | _DEAD)

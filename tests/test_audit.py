@@ -114,11 +114,15 @@ def test_api__patch_records_pause_and_the_other_changed_fields(admin_client: API
         "/queues/q", {"paused": True, "max_retries": 5, "rate_limit": None}, format="json"
     )
     admin_client.patch("/queues/q", {"max_retries": 5, "paused": True}, format="json")
+    admin_client.patch("/queues/q", {"max_concurrency": 10}, format="json")
+    admin_client.patch("/queues/q", {"max_concurrency": None}, format="json")
 
     assert entries() == [
         entry("queue.pause", "q", "q"),
         entry("queue.update", "q", "q", changed={"max_retries": [3, 5]}),
         # The second PATCH changed nothing: no entry.
+        entry("queue.update", "q", "q", changed={"max_concurrency": [None, 10]}),
+        entry("queue.update", "q", "q", changed={"max_concurrency": [10, None]}),
     ]
 
 

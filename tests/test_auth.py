@@ -394,7 +394,17 @@ def test_createapikey__refuses_bad_arguments(args: list[str]) -> None:
 def test_createqueue__prints_the_queue_as_json() -> None:
     out = StringIO()
 
-    call_command("createqueue", "emails", "--max-retries", "5", "--rate-limit", "20", stdout=out)
+    call_command(
+        "createqueue",
+        "emails",
+        "--max-retries",
+        "5",
+        "--rate-limit",
+        "20",
+        "--max-concurrency",
+        "7",
+        stdout=out,
+    )
 
     printed = json.loads(out.getvalue())
     queue = Queue.objects.get(name="emails")
@@ -403,6 +413,7 @@ def test_createqueue__prints_the_queue_as_json() -> None:
         "name": "emails",
         "max_retries": 5,
         "rate_limit": 20,
+        "max_concurrency": 7,
         "paused": False,
         "created_at": printed["created_at"],
     }
@@ -415,7 +426,12 @@ def test_createqueue__defaults() -> None:
     call_command("createqueue", "plain", stdout=out)
 
     printed = json.loads(out.getvalue())
-    assert (printed["max_retries"], printed["rate_limit"], printed["paused"]) == (3, None, False)
+    assert (
+        printed["max_retries"],
+        printed["rate_limit"],
+        printed["max_concurrency"],
+        printed["paused"],
+    ) == (3, None, None, False)
 
 
 @pytest.mark.parametrize(
@@ -428,6 +444,8 @@ def test_createqueue__defaults() -> None:
         pytest.param(["ok-name", "--max-retries", "101"], id="max retries too high"),
         pytest.param(["ok-name", "--max-retries", "-1"], id="max retries negative"),
         pytest.param(["ok-name", "--rate-limit", "0"], id="rate limit zero"),
+        pytest.param(["ok-name", "--max-concurrency", "0"], id="cap zero"),
+        pytest.param(["ok-name", "--max-concurrency", "100001"], id="cap too high"),
     ],
 )
 def test_createqueue__refuses_bad_arguments(args: list[str]) -> None:

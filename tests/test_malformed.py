@@ -179,6 +179,13 @@ CASES += [
     if k != "null"  # null is "unlimited"
 ]
 CASES += [
+    invalid(
+        "POST", QUEUES, {"name": "q", "max_concurrency": v}, ("max_concurrency",), f"create: mc {k}"
+    )
+    for k, v in {**NOT_AN_INT, "zero": 0, "negative": -5, "100001": 100_001}.items()
+    if k != "null"  # null is "unlimited"
+]
+CASES += [
     invalid("POST", QUEUES, {"name": "q", "paused": v}, ("paused",), f"create queue: paused {k}")
     for k, v in NOT_A_BOOL.items()
 ]
@@ -252,6 +259,11 @@ CASES += [
 CASES += [
     invalid("PATCH", QUEUE, {"rate_limit": v}, ("rate_limit",), f"patch queue: rl {k}")
     for k, v in {**NOT_AN_INT, "zero": 0}.items()
+    if k != "null"
+]
+CASES += [
+    invalid("PATCH", QUEUE, {"max_concurrency": v}, ("max_concurrency",), f"patch queue: mc {k}")
+    for k, v in {**NOT_AN_INT, "zero": 0, "100001": 100_001}.items()
     if k != "null"
 ]
 CASES += [

@@ -207,6 +207,22 @@ def test_metrics__depth_and_dlq_depth_by_live_status() -> None:
 
 
 @pytest.mark.django_db
+def test_metrics__running_against_the_queue_cap() -> None:
+    capped = QueueFactory(name=unique("capped"), max_concurrency=10)
+    free = QueueFactory(name=unique("free"))
+    for _ in range(3):
+        TaskFactory(queue=capped, status=S.EXECUTING)
+    TaskFactory(queue=free, status=S.EXECUTING)
+
+    samples = scrape(Client())
+
+    assert value(samples, "taskforge_queue_running", queue=capped.name) == 3
+    assert value(samples, "taskforge_queue_max_concurrency", queue=capped.name) == 10
+    assert value(samples, "taskforge_queue_running", queue=free.name) == 1
+    assert value(samples, "taskforge_queue_max_concurrency", queue=free.name) is None
+
+
+@pytest.mark.django_db
 def test_metrics__heartbeat_age_of_workers_seen_in_the_last_hour() -> None:
     now = timezone.now()
     Worker.objects.create(worker_id="w-recent", last_seen_at=now - timedelta(seconds=10))

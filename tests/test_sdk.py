@@ -176,6 +176,12 @@ def test_client_round_trip(admin: TaskForge, producer: TaskForge, keys: Keys, se
     assert admin.pause_queue(name).paused and not admin.resume_queue(name).paused
     assert admin.update_queue(name, rate_limit=50).rate_limit == 50
     assert admin.update_queue(name, rate_limit=None).rate_limit is None
+    assert admin.update_queue(name, max_concurrency=3).max_concurrency == 3
+    assert admin.get_queue(name).max_concurrency == 3
+    assert admin.update_queue(name, max_retries=0).max_concurrency == 3  # left as it was
+    assert admin.update_queue(name, max_concurrency=None).max_concurrency is None
+    capped = admin.create_queue(qname(), max_concurrency=7, rate_limit=5)
+    assert (capped.max_concurrency, capped.rate_limit) == (7, 5)
 
     # Enqueue: single, with a key (idempotent), delay, at, batch.
     task = producer.enqueue(name, {"n": 1}, priority=2)
@@ -309,6 +315,33 @@ def test_cli__schedules(
     assert json.loads(capsys.readouterr().out) == {"deleted": True}
     assert cli_main([*base, "show", name, "every"]) == 1
     assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+
+
+def test_cli__queues(keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]) -> None:
+    name = qname()
+    base = ["--url", service.base_url, "--api-key", keys.admin, "queues"]
+    assert cli_main([*base, "create", name, "--max-concurrency", "10", "--max-retries", "2"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert (created["name"], created["max_concurrency"], created["max_retries"]) == (name, 10, 2)
+    assert cli_main([*base, "pause", name]) == 0
+    assert json.loads(capsys.readouterr().out)["paused"] is True
+    assert cli_main([*base, "resume", name]) == 0
+    assert json.loads(capsys.readouterr().out)["paused"] is False
+    assert cli_main([*base, "update", name, "--max-concurrency", "none", "--rate-limit", "4"]) == 0
+    changed = json.loads(capsys.readouterr().out)
+    assert (changed["max_concurrency"], changed["rate_limit"], changed["max_retries"]) == (
+        None,
+        4,
+        2,
+    )
+    assert cli_main([*base, "show", name]) == 0
+    assert json.loads(capsys.readouterr().out)["rate_limit"] == 4
+    assert cli_main([*base, "list"]) == 0
+    assert name in [q["name"] for q in json.loads(capsys.readouterr().out)["results"]]
+    assert cli_main([*base, "create", name]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "queue_exists"
+    assert cli_main([*base, "update", name, "--max-concurrency", "0"]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["fields"].keys() == {"max_concurrency"}
 
 
 def test_cli(admin: TaskForge, keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]):

@@ -1,8 +1,10 @@
 """The worker protocol: claim, heartbeat, ack and nack (API.md, "Workers").
 
 A claim pops ids from each queue's Redis buffer with one Lua script per queue
-(token bucket and pop, atomically), then turns them `executing` with one
-conditional UPDATE (`transitions.hand_out`).  Postgres stays the truth: an id
+(concurrency cap, token bucket and pop, atomically), then turns them
+`executing` with one conditional UPDATE (`transitions.hand_out`).  Ids popped
+but not handed out give their concurrency slots back (`tasks.concurrency`);
+a queue at its cap wakes a waiting claim when a slot frees.  Postgres stays the truth: an id
 popped for a task that is no longer `claimed` is dropped, and an id popped by
 a process that dies before the UPDATE is put back by the watchdog's
 reconcile.
@@ -34,7 +36,7 @@ from queues.exceptions import UnknownQueue
 from queues.models import Queue
 from taskforge.api import revocation
 from taskforge.lib import jsonutil, stopping
-from tasks import transitions
+from tasks import concurrency, transitions
 from tasks.buffer import get_buffer, score
 from tasks.models import Task, TaskStatus, lease_ends_at
 from tasks.wakeup import waiters
@@ -164,7 +166,12 @@ def _claim_once(
             want = request.max_tasks - len(handed)
             if want <= 0:
                 return handed, 0.0
-            taken = buffer.take(queue.id, want, queue.rate_limit)
+            taken = buffer.take(queue.id, want, queue.rate_limit, queue.max_concurrency)
+            if taken.uncounted and concurrency.recount_for_claim(queue):
+                # Redis lost the queue's running count (or the cap is new):
+                # rebuilt from Postgres, take under it.  Another claim
+                # rebuilding it wakes this one when done.
+                taken = buffer.take(queue.id, want, queue.rate_limit, queue.max_concurrency)
             if taken.wait_ms:
                 hint = taken.wait_ms / 1000
                 retry_in = hint if not retry_in else min(retry_in, hint)
@@ -180,8 +187,10 @@ def _claim_once(
                 )
             except Exception:
                 # Postgres failed after the pop: put the ids back (they are
-                # still `claimed`); if that fails too, the reconcile will.
+                # still `claimed`) and free their slots; if that fails too,
+                # the reconcile will.
                 _put_back(queue, taken.ids)
+                concurrency.release(queue, taken.ids)
                 raise
             handed += moved
             if len(moved) == len(taken.ids):
@@ -189,7 +198,12 @@ def _claim_once(
             # Cancelled ids are gone for good; ids of a queue paused meanwhile
             # are still claimed and go back for the dispatcher to drain.
             moved_ids = {str(task.pk) for task in moved}
-            if _put_back(queue, [i for i in taken.ids if i not in moved_ids]):
+            unmoved = [i for i in taken.ids if i not in moved_ids]
+            put_back = _put_back(queue, unmoved)
+            # Their slots were taken with them: free them, after the put-back
+            # so that a claim the release wakes finds those still claimed.
+            concurrency.release(queue, unmoved)
+            if put_back:
                 paused.add(queue.id)  # as far as this claim knows; re-read after a wait
                 break
     return handed, retry_in

@@ -3,9 +3,10 @@
 - Every TASKFORGE_WATCHDOG_INTERVAL_SECONDS, `executing` tasks whose lease
   expired (no heartbeat for TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS) become a
   failed attempt, retried or dead by the same rule as a nack.
-- Every third of TASKFORGE_BUFFER_RECONCILE_SECONDS, `claimed` tasks missing
-  from Redis are put back, so a lost one is dispatchable again within that
-  time.
+- Every third of TASKFORGE_BUFFER_RECONCILE_SECONDS, capped queues' running
+  counts are set right from Postgres (tasks.concurrency), then `claimed`
+  tasks missing from Redis are put back, so a lost one is dispatchable again
+  within that time.
 - Workers not seen for a day are forgotten (GET /workers shows the last hour).
 - Finished tasks past their retention are deleted (tasks.retention), with the
   lease check.
@@ -21,7 +22,7 @@ from django.utils import timezone
 
 from taskforge.conf import conf
 from taskforge.lib.loop import Loop
-from tasks import retention, transitions
+from tasks import concurrency, retention, transitions
 from tasks.models import Task
 from tasks.reconcile import rebuffer_missing
 from workers.models import Worker
@@ -85,6 +86,12 @@ class WatchdogLoop(Loop):
 
     def reconcile(self) -> int:
         age = timedelta(seconds=conf.BUFFER_RECONCILE_SECONDS / 3)
+        # Slots first: an id a dead claim left holding one is free again
+        # before it goes back into the ready set.  A claim between its take
+        # and its hand-out holds a slot of a task not yet executing: half the
+        # interval is far longer than that takes, and a slot left behind is
+        # still free within the interval (this runs every third of it).
+        concurrency.reconcile_running(grace=timedelta(seconds=conf.BUFFER_RECONCILE_SECONDS / 2))
         return rebuffer_missing(claimed_before=timezone.now() - age)
 
     def forget_workers(self) -> None:

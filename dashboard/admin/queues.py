@@ -31,7 +31,15 @@ admin.site.index_title = "Data"
 
 @admin.register(Queue)
 class QueueAdmin(GuardedAdmin[Queue]):
-    list_display = ("name", "paused", "max_retries", "rate_limit", "created_at", "dashboard")
+    list_display = (
+        "name",
+        "paused",
+        "max_retries",
+        "rate_limit",
+        "max_concurrency",
+        "created_at",
+        "dashboard",
+    )
     list_filter = ("paused",)
     search_fields = ("name",)
     ordering = ("name",)

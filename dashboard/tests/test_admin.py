@@ -194,10 +194,21 @@ def test_queue_admin__create_and_edit_through_services(superuser_client: Client)
 
     superuser_client.post(
         f"/admin/queues/queue/{queue.pk}/change/",
-        {"max_retries": 5, "rate_limit": 10, "paused": "on"},
+        {"max_retries": 5, "rate_limit": 10, "max_concurrency": 4, "paused": "on"},
     )
     queue.refresh_from_db()
-    assert (queue.max_retries, queue.rate_limit, queue.paused) == (5, 10, True)
+    assert (queue.max_retries, queue.rate_limit, queue.max_concurrency, queue.paused) == (
+        5,
+        10,
+        4,
+        True,
+    )
+    response = superuser_client.post(
+        f"/admin/queues/queue/{queue.pk}/change/", {"max_retries": 5, "max_concurrency": 0}
+    )
+    assert response.status_code == 200  # the form again, with the error
+    queue.refresh_from_db()
+    assert queue.max_concurrency == 4
     assert superuser_client.get(f"/admin/queues/queue/{queue.pk}/delete/").status_code == 403
 
 

@@ -50,6 +50,24 @@ def test_overview__shows_every_queue_with_depth_rates_and_health(staff_client: C
     assert 'id="snapshot-data"' in html
 
 
+def test_overview__shows_a_capped_queue_running_against_its_cap(staff_client: Client) -> None:
+    capped = QueueFactory(name="capped", max_concurrency=10)
+    QueueFactory(name="free")
+    for _ in range(3):
+        TaskFactory(queue=capped, status="executing")
+
+    response = staff_client.get(f"{D}/")
+
+    rows = {row["name"]: row for row in response.context["snapshot"]["queues"]}
+    assert (rows["capped"]["max_concurrency"], rows["capped"]["text"]["executing"]) == (
+        10,
+        "3 / 10",
+    )
+    assert (rows["free"]["max_concurrency"], rows["free"]["text"]["executing"]) == (None, "0")
+    html = response.content.decode()
+    assert "3 / 10" in html and "at most 10 at once (max_concurrency)" in html
+
+
 def test_overview__without_queues_says_how_to_make_one(staff_client: Client) -> None:
     response = staff_client.get(f"{D}/")
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from queues.models import MAX_RETRIES_LIMIT, Queue, is_queue_name
+from queues.models import MAX_CONCURRENCY_LIMIT, MAX_RETRIES_LIMIT, Queue, is_queue_name
 from taskforge.api.fields import (
     StrictBooleanField,
     StrictCharField,
@@ -20,7 +20,15 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
 
     class Meta:
         model = Queue
-        fields = ["id", "name", "max_retries", "rate_limit", "paused", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "max_retries",
+            "rate_limit",
+            "max_concurrency",
+            "paused",
+            "created_at",
+        ]
         read_only_fields = fields
 
 
@@ -28,6 +36,13 @@ class QueuePatchSerializer(StrictSerializer):
     max_retries = StrictIntegerField(min_value=0, max_value=MAX_RETRIES_LIMIT, required=False)
     rate_limit = StrictIntegerField(
         min_value=1, max_value=MAX_RATE_LIMIT, allow_null=True, required=False
+    )
+    max_concurrency = StrictIntegerField(
+        min_value=1,
+        max_value=MAX_CONCURRENCY_LIMIT,
+        allow_null=True,
+        required=False,
+        help_text="Tasks of this queue executing at once, across all workers; null: unlimited.",
     )
     paused = StrictBooleanField(required=False)
 

@@ -19,25 +19,46 @@ def test_create__defaults(admin_client: APIClient) -> None:
     response = admin_client.post("/queues", {"name": "emails"}, format="json")
     assert response.status_code == status.HTTP_201_CREATED
     body = response.json()
-    assert set(body) == {"id", "name", "max_retries", "rate_limit", "paused", "created_at"}
-    assert (body["name"], body["max_retries"], body["rate_limit"], body["paused"]) == (
-        "emails",
-        3,
-        None,
-        False,
-    )
+    assert set(body) == {
+        "id",
+        "name",
+        "max_retries",
+        "rate_limit",
+        "max_concurrency",
+        "paused",
+        "created_at",
+    }
+    assert (
+        body["name"],
+        body["max_retries"],
+        body["rate_limit"],
+        body["max_concurrency"],
+        body["paused"],
+    ) == ("emails", 3, None, None, False)
     assert body["created_at"].endswith("Z")
 
 
 def test_create__all_fields(admin_client: APIClient) -> None:
     response = admin_client.post(
         "/queues",
-        {"name": "a.b_c-1", "max_retries": 0, "rate_limit": 50, "paused": True},
+        {
+            "name": "a.b_c-1",
+            "max_retries": 0,
+            "rate_limit": 50,
+            "max_concurrency": 100_000,
+            "paused": True,
+        },
         format="json",
     )
     assert response.status_code == status.HTTP_201_CREATED
+    assert response.json()["max_concurrency"] == 100_000
     queue = Queue.objects.get(name="a.b_c-1")
-    assert (queue.max_retries, queue.rate_limit, queue.paused) == (0, 50, True)
+    assert (queue.max_retries, queue.rate_limit, queue.max_concurrency, queue.paused) == (
+        0,
+        50,
+        100_000,
+        True,
+    )
 
 
 def test_create__existing_name_is_409(admin_client: APIClient) -> None:
@@ -60,6 +81,11 @@ def test_create__existing_name_is_409(admin_client: APIClient) -> None:
         {"name": "ok", "max_retries": 101},
         {"name": "ok", "max_retries": -1},
         {"name": "ok", "rate_limit": 0},
+        {"name": "ok", "max_concurrency": 0},
+        {"name": "ok", "max_concurrency": 100_001},
+        {"name": "ok", "max_concurrency": "5"},
+        {"name": "ok", "max_concurrency": 5.5},
+        {"name": "ok", "max_concurrency": True},
     ],
 )
 def test_create__invalid_fields_are_400_with_fields(
@@ -99,6 +125,20 @@ def test_patch__changes_only_given_fields(admin_client: APIClient) -> None:
     response = admin_client.patch("/queues/q", {"rate_limit": None}, format="json")
     assert response.status_code == status.HTTP_200_OK
     assert (response.json()["max_retries"], response.json()["rate_limit"]) == (5, None)
+
+
+def test_patch__sets_and_removes_the_cap(admin_client: APIClient) -> None:
+    QueueFactory(name="q")
+    response = admin_client.patch("/queues/q", {"max_concurrency": 1}, format="json")
+    assert response.status_code == status.HTTP_200_OK
+    assert response.json()["max_concurrency"] == 1
+    assert admin_client.get("/queues/q").json()["max_concurrency"] == 1
+    response = admin_client.patch("/queues/q", {"max_concurrency": None}, format="json")
+    assert response.json()["max_concurrency"] is None
+    assert Queue.objects.get(name="q").max_concurrency is None
+    response = admin_client.patch("/queues/q", {"max_concurrency": 0}, format="json")
+    assert response.status_code == status.HTTP_400_BAD_REQUEST
+    assert set(response.json()["error"]["fields"]) == {"max_concurrency"}
 
 
 def test_patch__name_is_not_patchable(admin_client: APIClient) -> None:

@@ -6,7 +6,16 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from tasks.buffer import Buffer, bucket_key, epoch_key, ready_key, score
+from tasks.buffer import (
+    WAKE_CHANNEL,
+    Buffer,
+    bucket_key,
+    counted_key,
+    epoch_key,
+    ready_key,
+    running_key,
+    score,
+)
 
 pytestmark = pytest.mark.usefixtures("redis_client")
 
@@ -89,3 +98,75 @@ def test_lost_queues__reports_new_and_lost_queues(
     redis_client.flushdb()
     assert buffer.lost_queues(["q", "r", "s"]) == ["q", "r", "s"]
     assert buffer.lost_queues([]) == []
+
+
+def test_keys__running_count_shares_the_queue_hash_tag() -> None:
+    assert running_key("abc") == "tf:{abc}:running"
+    assert counted_key("abc") == "tf:{abc}:counted"
+
+
+def test_take__capped_queue_without_a_count_takes_nothing(buffer: Buffer) -> None:
+    buffer.push("q", [("a", 1)])
+    taken = buffer.take("q", 10, None, 2)
+    assert (taken.ids, taken.uncounted, taken.full) == ([], True, False)
+    assert buffer.size("q") == 1
+
+
+def test_take__cap_bounds_what_is_taken_until_released(buffer: Buffer) -> None:
+    buffer.push("q", [(f"t{i}", i) for i in range(5)])
+    buffer.count("q", [])
+    assert buffer.take("q", 10, None, 2).ids == ["t0", "t1"]
+    full = buffer.take("q", 10, None, 2)
+    assert (full.ids, full.full) == ([], True)
+    assert buffer.release("q", ["t0", "t0", "nope"], 2) == 1  # idempotent
+    assert buffer.take("q", 10, None, 2).ids == ["t2"]
+    assert sorted(buffer.running("q")) == ["t1", "t2"]
+
+
+def test_take__cap_and_rate_limit_together(buffer: Buffer) -> None:
+    buffer.push("q", [(f"t{i}", i) for i in range(10)])
+    buffer.count("q", [])
+    assert buffer.take("q", 10, 3, 5).ids == ["t0", "t1", "t2"]  # three tokens
+    assert buffer.take("q", 10, 3, 5).wait_ms > 0
+
+
+def test_take__an_id_still_holding_a_slot_waits_for_its_release(buffer: Buffer) -> None:
+    buffer.push("q", [("a", 1), ("b", 2)])
+    buffer.count("q", ["a"])  # a's previous attempt is not released yet
+    assert buffer.take("q", 1, None, 5).ids == ["b"]
+    assert buffer.take("q", 1, None, 5).ids == []
+    assert buffer.size("q") == 1  # a went back with its place
+    buffer.release("q", ["a"], 5)
+    assert buffer.take("q", 1, None, 5).ids == ["a"]
+
+
+def test_release__wakes_claims_only_when_the_queue_was_full(
+    buffer: Buffer, redis_client: redis.Redis
+) -> None:
+    buffer.count("q", ["a", "b", "c"])
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(WAKE_CHANNEL)
+    pubsub.get_message(timeout=1)
+    buffer.release("q", ["a"], 5)  # 3 of 5: nobody waits for a slot
+    assert pubsub.get_message(timeout=0.2) is None
+    buffer.release("q", ["b"], 2)  # 2 of 2: a claim may wait
+    message = pubsub.get_message(timeout=1)
+    assert message is not None and message["data"] == b"q"
+    pubsub.close()
+
+
+def test_prune__frees_only_slots_taken_before_the_cutoff(buffer: Buffer) -> None:
+    buffer.count("q", ["old"])
+    cutoff = buffer.now_ms() + 1
+    time.sleep(0.01)
+    buffer.count("q", ["new"])
+    assert buffer.running("q", before_ms=cutoff) == ["old"]
+    assert buffer.prune("q", ["old", "new"], before_ms=cutoff) == 1
+    assert buffer.running("q") == ["new"]
+
+
+def test_start_counting__one_caller_at_a_time(buffer: Buffer) -> None:
+    assert buffer.start_counting("q") is True
+    assert buffer.start_counting("q") is False
+    buffer.done_counting("q")
+    assert buffer.start_counting("q") is True

@@ -1,4 +1,4 @@
-"""`manage.py createqueue NAME [--max-retries N] [--rate-limit R]`."""
+"""`manage.py createqueue NAME [--max-retries N] [--rate-limit R] [--max-concurrency C]`."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--rate-limit", type=int, default=None, help="Tasks per second; omit for unlimited."
         )
+        parser.add_argument(
+            "--max-concurrency",
+            type=int,
+            default=None,
+            help="Tasks executing at once across all workers (1..100000); omit for unlimited.",
+        )
         parser.add_argument("--paused", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -32,6 +38,8 @@ class Command(BaseCommand):
             body["max_retries"] = options["max_retries"]
         if options["rate_limit"] is not None:
             body["rate_limit"] = options["rate_limit"]
+        if options["max_concurrency"] is not None:
+            body["max_concurrency"] = options["max_concurrency"]
         serializer = QueueCreateSerializer(data=body)
         try:
             serializer.is_valid(raise_exception=True)
