@@ -26,8 +26,10 @@ per task, `tf:{<task-id>}:hb`, a capped list of its recent heartbeat times
 
 and one pub/sub channel, `tf:wake`, on which the dispatcher names the queues
 it just filled (and a release names the queue it freed a slot of) so
-waiting long polls try again at once.  A classic PUBLISH reaches the
-subscribers of every node of a cluster.
+waiting long polls try again at once: `<queue-id>:<n>` when n tasks (or
+slots) arrived, which wakes about n waiting claims of each API process
+(tasks.wakeup), or a comma-separated list of bare queue ids, which wakes all.
+A classic PUBLISH reaches the subscribers of every node of a cluster.
 
 Redis is only a buffer: Postgres says what a task's status is.  Losing any
 of these keys loses no task; the watchdog's reconcile puts `claimed` tasks
@@ -205,7 +207,7 @@ for i = 4, #ARGV do
   freed = freed + redis.call('ZREM', KEYS[1], ARGV[i])
 end
 if freed > 0 and cap > 0 and before >= cap then
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  redis.call('PUBLISH', ARGV[2], ARGV[3] .. ':' .. freed)
 end
 return freed
 """
@@ -283,11 +285,13 @@ class Buffer:
             # A cluster pipeline refuses PUBLISH (it names no key): two round
             # trips, the set first so a woken claim finds the tasks.
             added = cast(int, self.client.zadd(ready_key(queue_id), mapping, nx=True))
-            self.client.publish(WAKE_CHANNEL, str(queue_id))
+            self.client.publish(WAKE_CHANNEL, f"{queue_id}:{len(mapping)}")
             return added
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(ready_key(queue_id), mapping, nx=True)
-        pipe.publish(WAKE_CHANNEL, str(queue_id))
+        # As many claims as tasks, not every waiting one: a fleet of 1,000
+        # idle workers woken for each task was a burst of 1,000 claims.
+        pipe.publish(WAKE_CHANNEL, f"{queue_id}:{len(mapping)}")
         added, _ = pipe.execute()
         return int(added)
 

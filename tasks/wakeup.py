@@ -24,6 +24,9 @@ from tasks.buffer import WAKE_CHANNEL, get_client
 logger = logging.getLogger(__name__)
 
 _RECONNECT_DELAY = 1.0
+# Woken besides one claim per task that arrived: a woken claim whose client
+# just hung up hands out nothing, and the others would look only on their own.
+SPARE_WAKEUPS = 2
 
 
 class Waiters:
@@ -31,7 +34,8 @@ class Waiters:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_queue: dict[str, set[threading.Event]] = {}
+        # Insertion-ordered: the claims that have waited longest come first.
+        self._by_queue: dict[str, dict[threading.Event, None]] = {}
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._subscribed = False
@@ -48,7 +52,7 @@ class Waiters:
         keys = [str(q) for q in queue_ids]
         with self._lock:
             for key in keys:
-                self._by_queue.setdefault(key, set()).add(event)
+                self._by_queue.setdefault(key, {})[event] = None
         try:
             yield event
         finally:
@@ -56,14 +60,32 @@ class Waiters:
                 for key in keys:
                     events = self._by_queue.get(key)
                     if events is not None:
-                        events.discard(event)
+                        events.pop(event, None)
                         if not events:
                             del self._by_queue[key]
 
-    def notify(self, queue_ids: Iterable[str]) -> None:
+    def notify(self, entries: Iterable[str]) -> None:
+        """Wake waiting claims: `<queue-id>` wakes all of the queue's, and
+        `<queue-id>:<n>` (n tasks arrived) the n + SPARE_WAKEUPS that have waited
+        longest and are not awake already."""
+        chosen: list[threading.Event] = []
         with self._lock:
-            events = [e for q in queue_ids for e in self._by_queue.get(q, ())]
-        for event in events:
+            for entry in entries:
+                queue_id, _, count = entry.partition(":")
+                events = self._by_queue.get(queue_id)
+                if not events:
+                    continue
+                if not count.isdigit():
+                    chosen.extend(events)
+                    continue
+                budget = int(count) + SPARE_WAKEUPS
+                for event in events:
+                    if budget <= 0:
+                        break
+                    if not event.is_set():
+                        chosen.append(event)
+                        budget -= 1
+        for event in chosen:
             event.set()
 
     def listening(self) -> bool:

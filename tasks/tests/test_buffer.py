@@ -151,7 +151,7 @@ def test_release__wakes_claims_only_when_the_queue_was_full(
     assert pubsub.get_message(timeout=0.2) is None
     buffer.release("q", ["b"], 2)  # 2 of 2: a claim may wait
     message = pubsub.get_message(timeout=1)
-    assert message is not None and message["data"] == b"q"
+    assert message is not None and message["data"] == b"q:1"
     pubsub.close()
 
 
