@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from io import BytesIO
 from typing import Any, Protocol
 
+from taskforge.api.responses import error_body
+
 logger = logging.getLogger(__name__)
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -42,8 +44,6 @@ WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 # Paths whose requests may wait for a long time; only these pay for watching the
 # client (an extra task on the event loop per request).
 _WAITING_PATHS = ("/workers/claim", "/admin/dashboard/stream")
-
-_STATUS_TEXT_END = " "
 
 
 class _Headers(Protocol):
@@ -83,7 +83,7 @@ class BodyTooLarge(Exception):
 
 
 def _error(status: int, code: str, message: str) -> tuple[int, list[tuple[str, str]], bytes]:
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    body = json.dumps(error_body(code, message)).encode()
     headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
     if status in (408, 413):
         headers.append(("connection", "close"))
@@ -247,15 +247,16 @@ class DjangoBridge:
             return _no_write
 
         result = self.app(environ, start_response)
+        code = int(started[0].split(" ", 1)[0])  # "200 OK"
         if getattr(result, "streaming", False):
-            return _Stream(int(started[0].split(_STATUS_TEXT_END, 1)[0]), started[1], result)
+            return _Stream(code, started[1], result)
         try:
             body = b"".join(result)
         finally:
             close = getattr(result, "close", None)
             if close is not None:
                 close()
-        return int(started[0].split(_STATUS_TEXT_END, 1)[0]), started[1], body
+        return code, started[1], body
 
     @staticmethod
     def _stream(stream: _Stream, protocol: _Protocol, loop: asyncio.AbstractEventLoop) -> None:
