@@ -64,6 +64,10 @@ TASKFORGE_MAX_TICK_FAILURES: int = env.int("TASKFORGE_MAX_TICK_FAILURES", defaul
 TASKFORGE_RETENTION_SECONDS: int = env.int("TASKFORGE_RETENTION_SECONDS", default=604800)
 TASKFORGE_DLQ_RETENTION_SECONDS: int = env.int("TASKFORGE_DLQ_RETENTION_SECONDS", default=2592000)
 TASKFORGE_METRICS_TOKEN: str = env.str("TASKFORGE_METRICS_TOKEN", default="")
+# Push delivery (run_pusher): the key of the TaskForge-Signature header (unset: no
+# signature), and the requests one push process keeps in flight at once.
+TASKFORGE_PUSH_SIGNING_SECRET: str = env.str("TASKFORGE_PUSH_SIGNING_SECRET", default="")
+TASKFORGE_PUSH_MAX_IN_FLIGHT: int = env.int("TASKFORGE_PUSH_MAX_IN_FLIGHT", default=200)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -226,10 +226,13 @@ def hand_out(
     key_id: int | None = None,
     queues: dict[Any, Queue] | None = None,
     now: datetime | None = None,
+    lease_grace: timedelta | None = None,
 ) -> list[Task]:
     """claimed -> executing for buffered ids a claim popped, in one statement.
 
-    The attempt counts up and the lease starts now.  Ids that are no longer
+    The attempt counts up and the lease starts now, or `lease_grace` later
+    (a push process: its request may take that long, and it does not
+    heartbeat; `heartbeat_at` is then in the future).  Ids that are no longer
     `claimed` are skipped (the status guard is the fence against duplicates
     in the buffer), and so are ids of a paused queue.  Returns the handed-out
     tasks in the order of `ids`.  The lease is held by `worker_id` with the
@@ -239,7 +242,13 @@ def hand_out(
     if not ids:
         return []
     now = now or timezone.now()
-    params = {"ids": list(ids), "worker_id": worker_id, "key_id": key_id, "now": now}
+    params = {
+        "ids": list(ids),
+        "worker_id": worker_id,
+        "key_id": key_id,
+        "now": now,
+        "lease_from": now + lease_grace if lease_grace else now,
+    }
     moved = _run(sql.HAND_OUT.text, params, queues)
     order = {str(task_id): index for index, task_id in enumerate(ids)}
     moved.sort(key=lambda task: order[str(task.pk)])
