@@ -302,6 +302,8 @@ class Sender:
             logger.debug("push.close_failed", exc_info=True)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=1.0)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 class Finisher:
