@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard import formatting as fmt
+from queues import push
 from queues.models import Queue
 from taskforge.lib.timeutil import isoformat
 from tasks.stats import queues_stats
@@ -85,6 +86,8 @@ def queue_row(queue: Queue, stats: dict[str, Any]) -> dict[str, Any]:
         "name": queue.name,
         "paused": queue.paused,
         "max_concurrency": queue.max_concurrency,
+        # Where the queue's tasks are pushed (queues.push), without user info or query.
+        "push_url": push.display_url(queue.push["url"]) if queue.push else None,
         "health": level,
         "health_label": LABELS[level],
         "reasons": reasons,

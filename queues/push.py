@@ -169,6 +169,16 @@ def _headers(value: Any) -> dict[str, str]:
     return dict(value)
 
 
+def display_url(url: str) -> str:
+    """The URL without what may be a secret (user info, query): for pages and logs."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
 def signature(secret: str, body: bytes, timestamp: int) -> str:
     """The `TaskForge-Signature` value of a request body sent at `timestamp` (Unix seconds)."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)

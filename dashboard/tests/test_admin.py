@@ -212,6 +212,33 @@ def test_queue_admin__create_and_edit_through_services(superuser_client: Client)
     assert superuser_client.get(f"/admin/queues/queue/{queue.pk}/delete/").status_code == 403
 
 
+def test_queue_admin__push_target_checked_by_the_apis_rule(superuser_client: Client) -> None:
+    response = superuser_client.post(
+        "/admin/queues/queue/add/",
+        {"name": "hooks", "max_retries": 3, "push": '{"url": "https://h.example/x"}'},
+    )
+    assert response.status_code == 302
+    queue = Queue.objects.get(name="hooks")
+    assert queue.push == {"url": "https://h.example/x", "timeout_seconds": 30, "headers": {}}
+    listing = superuser_client.get("/admin/queues/queue/").content.decode()
+    assert "https://h.example/x" in listing
+
+    response = superuser_client.post(
+        f"/admin/queues/queue/{queue.pk}/change/",
+        {"max_retries": 3, "push": '{"url": "https://h.example/x", "headers": {"Host": "a"}}'},
+    )
+    assert response.status_code == 200  # the form again, with the error
+    assert "may not be set" in response.content.decode()
+    queue.refresh_from_db()
+    assert queue.push is not None and queue.push["headers"] == {}
+
+    superuser_client.post(
+        f"/admin/queues/queue/{queue.pk}/change/", {"max_retries": 3, "push": "null"}
+    )
+    queue.refresh_from_db()
+    assert queue.push is None
+
+
 def test_api_key_admin__shows_a_new_key_once_and_revokes(superuser_client: Client) -> None:
     response = superuser_client.post(
         "/admin/api/apikey/add/", {"name": "deploy-bot", "role": "producer"}
