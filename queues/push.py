@@ -8,7 +8,8 @@ admin, `createqueue` and the pusher agree.
 
 The signature a receiver verifies: `TaskForge-Signature: t=<unix seconds>,
 v1=<hex HMAC-SHA256 of "<t>.<body bytes>">` keyed with
-TASKFORGE_PUSH_SIGNING_SECRET (`signature`).
+TASKFORGE_PUSH_SIGNING_SECRET (`signature`; receivers check it with the SDK's
+`taskforge_client.push.verify_signature`, docs/push.md).
 """
 
 from __future__ import annotations
@@ -183,19 +184,3 @@ def signature(secret: str, body: bytes, timestamp: int) -> str:
     """The `TaskForge-Signature` value of a request body sent at `timestamp` (Unix seconds)."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
     return f"t={timestamp},v1={mac.hexdigest()}"
-
-
-def verify(secret: str, header: str, body: bytes, *, now: float, tolerance: float = 300) -> bool:
-    """Does `header` sign `body` with `secret`, within `tolerance` seconds of `now`?
-
-    What a receiver does (docs/push.md shows it stand-alone); the tests use it.
-    """
-    parts = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
-    try:
-        timestamp = int(parts["t"])
-    except (KeyError, ValueError):
-        return False
-    if abs(now - timestamp) > tolerance:
-        return False
-    expected = signature(secret, body, timestamp).rsplit("v1=", 1)[1]
-    return hmac.compare_digest(expected, parts.get("v1", ""))

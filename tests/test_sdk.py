@@ -182,6 +182,23 @@ def test_client_round_trip(admin: TaskForge, producer: TaskForge, keys: Keys, se
     assert admin.update_queue(name, max_concurrency=None).max_concurrency is None
     capped = admin.create_queue(qname(), max_concurrency=7, rate_limit=5)
     assert (capped.max_concurrency, capped.rate_limit) == (7, 5)
+    hook = {"url": "https://hooks.example.com/t", "headers": {"Authorization": "Bearer x"}}
+    pushed = admin.create_queue(qname(), push=hook)
+    assert pushed.push == {**hook, "timeout_seconds": 30}
+    assert producer.get_queue(pushed.name).push == {
+        "url": hook["url"],
+        "timeout_seconds": 30,
+        "headers": {"Authorization": "[redacted]"},
+    }
+    assert admin.update_queue(pushed.name, push={"url": "http://b.example/"}).push == {
+        "url": "http://b.example/",
+        "timeout_seconds": 30,
+        "headers": {},
+    }
+    assert admin.update_queue(pushed.name, max_retries=1).push is not None  # left as it was
+    assert admin.update_queue(pushed.name, push=None).push is None
+    with pytest.raises(Invalid):
+        admin.create_queue(qname(), push={"url": "ftp://x"})
 
     # Enqueue: single, with a key (idempotent), delay, at, batch.
     task = producer.enqueue(name, {"n": 1}, priority=2)
