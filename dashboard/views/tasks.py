@@ -130,7 +130,7 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     if task is None:
         return not_found(request, f"task {task_id}")
     now = timezone.now()
-    # Uses taskevent_task_idx (task, id).
+    # Uses taskevent_by_task_idx (task).
     events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("id")[: EVENTS_SHOWN + 1])
     events_cut = len(events) > EVENTS_SHOWN
     events = events[:EVENTS_SHOWN]
