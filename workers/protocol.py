@@ -149,11 +149,12 @@ def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> l
                     or time.monotonic() - looked >= QUIET_LOOK_SECONDS
                 ):
                     break
-            # A pause is enforced by the hand-out itself; re-read only to see
-            # a paused queue resume.
-            if paused:
-                queues = _refresh(queues)
-                paused = {queue.id for queue in queues if queue.paused}
+            # A pause is enforced by the hand-out itself; re-read at once only to
+            # see a paused queue resume.  Otherwise the rows remembered for a
+            # second (queues.lookup) do: a queue given a push target meanwhile is
+            # skipped from then on.
+            queues = _refresh(queues, fresh=bool(paused))
+            paused = {queue.id for queue in queues if queue.paused}
 
 
 def take(
@@ -257,9 +258,9 @@ def _put_back(queue: Queue, ids: Sequence[str]) -> int:
     return len(items)
 
 
-def _refresh(queues: list[Queue]) -> list[Queue]:
-    fresh = lookup.by_ids([queue.id for queue in queues], fresh=True)
-    return [fresh[queue.id] for queue in queues if queue.id in fresh]
+def _refresh(queues: list[Queue], *, fresh: bool) -> list[Queue]:
+    found = lookup.by_ids([queue.id for queue in queues], fresh=fresh)
+    return [found[queue.id] for queue in queues if queue.id in found]
 
 
 S = TaskStatus

@@ -421,3 +421,22 @@ def test_stopping_with_requests_in_flight_ends_within_the_bound(redis_client: An
         finally:
             release.set()
     assert Task.objects.get(pk=ids[0]).status == S.EXECUTING  # left to its lease
+
+
+def test_a_waiting_claim_skips_a_queue_given_a_push_target_meanwhile(target: Target) -> None:
+    queue = QueueFactory(name="turning")
+    got: list[Any] = []
+    claim = threading.Thread(
+        target=lambda: got.extend(
+            protocol.claim(protocol.ClaimRequest("w1", ["turning"], wait_seconds=4))
+        )
+    )
+    claim.start()
+    time.sleep(0.3)
+    Queue.objects.filter(pk=queue.pk).update(push=push.parse({"url": target.url()}).as_json())
+    time.sleep(1.5)  # queue rows are remembered for a second (queues.lookup)
+    ids = enqueue(Queue.objects.get(pk=queue.pk), {"n": 1})
+    claim.join(10)
+    connection.close()
+    assert got == []
+    assert Task.objects.get(pk=ids[0]).status == S.CLAIMED  # left for a push process
