@@ -54,6 +54,23 @@ def _parser() -> argparse.ArgumentParser:
             type=_int_or_none,
             help="tasks executing at once across all workers, or none",
         )
+        one.add_argument(
+            "--push-url",
+            help="POST each task to this URL instead of workers claiming it"
+            + (
+                " (replaces the whole push target; none: back to workers)"
+                if verb == "update"
+                else ""
+            ),
+        )
+        one.add_argument("--push-timeout", type=int, help="seconds the target has (default 30)")
+        one.add_argument(
+            "--push-header",
+            action="append",
+            default=[],
+            metavar="NAME:VALUE",
+            help="a header sent with every push request (repeatable)",
+        )
         if verb == "create":
             one.add_argument("--paused", action="store_true", help="create it paused")
     for verb, text in [("show", "show a queue"), ("pause", "pause a queue (admin)")]:
@@ -143,6 +160,7 @@ def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
             max_retries=args.max_retries,
             rate_limit=None if args.rate_limit is _NONE else args.rate_limit,
             max_concurrency=None if args.max_concurrency is _NONE else args.max_concurrency,
+            push=_push(args),
             paused=True if args.paused else None,
         ).raw
     if command == "update":
@@ -151,6 +169,10 @@ def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
             value = getattr(args, name)
             if value is not None:
                 changes[name] = None if value is _NONE else value
+        if args.push_url is not None:
+            changes["push"] = None if args.push_url.lower() == "none" else _push(args)
+        elif args.push_timeout is not None or args.push_header:
+            raise ValueError("--push-timeout and --push-header need --push-url")
         return client.update_queue(args.name, max_retries=args.max_retries, **changes).raw
     if command == "show":
         return client.get_queue(args.name).raw
@@ -159,6 +181,26 @@ def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
     if command == "resume":
         return client.resume_queue(args.name).raw
     raise AssertionError(args)  # pragma: no cover
+
+
+def _push(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `push` object of --push-url, --push-timeout and --push-header (None without a URL)."""
+    if args.push_url is None:
+        if args.push_timeout is not None or args.push_header:
+            raise ValueError("--push-timeout and --push-header need --push-url")
+        return None
+    push: dict[str, Any] = {"url": args.push_url}
+    if args.push_timeout is not None:
+        push["timeout_seconds"] = args.push_timeout
+    headers = {}
+    for item in args.push_header:
+        name, sep, value = item.partition(":")
+        if not sep:
+            raise ValueError(f"--push-header {item!r}: expected NAME:VALUE")
+        headers[name.strip()] = value.strip()
+    if headers:
+        push["headers"] = headers
+    return push
 
 
 def _run_schedules(args: argparse.Namespace, client: TaskForge) -> Any:

@@ -361,6 +361,32 @@ def test_cli__queues(keys: Keys, service: Service, capsys: pytest.CaptureFixture
     assert json.loads(capsys.readouterr().err)["error"]["fields"].keys() == {"max_concurrency"}
 
 
+def test_cli__push_queues(keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]) -> None:
+    name = qname()
+    base = ["--url", service.base_url, "--api-key", keys.admin, "queues"]
+    hook = "https://hooks.example.com/t"
+    argv = [*base, "create", name, "--push-url", hook, "--push-timeout", "5"]
+    assert cli_main([*argv, "--push-header", "Authorization: Bearer x"]) == 0
+    assert json.loads(capsys.readouterr().out)["push"] == {
+        "url": hook,
+        "timeout_seconds": 5,
+        "headers": {"Authorization": "Bearer x"},
+    }
+    assert cli_main([*base, "update", name, "--push-url", "http://b.example/"]) == 0
+    assert json.loads(capsys.readouterr().out)["push"] == {
+        "url": "http://b.example/",
+        "timeout_seconds": 30,
+        "headers": {},
+    }
+    assert cli_main([*base, "update", name, "--push-url", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["push"] is None
+    assert cli_main([*base, "update", name, "--push-url", "ftp://x"]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["fields"].keys() == {"push"}
+    with pytest.raises(SystemExit) as usage:
+        cli_main([*base, "update", name, "--push-timeout", "5"])
+    assert usage.value.code == 2
+
+
 def test_cli(admin: TaskForge, keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]):
     name = qname()
     admin.create_queue(name, max_retries=0)
