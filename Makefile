@@ -93,7 +93,13 @@ audit-deps: $(STAMP)
 # bench/run.py starts the API and the loops against a fresh database (taskforge_bench on the
 # server of DATABASE_URL, else a throwaway embedded Postgres and Redis), drives them from
 # separate load processes and prints a table and one JSON line. About 2-3 minutes.
-bench: $(STAMP)
+# The Celery peer row needs Celery (the `bench` extra), installed once beside the rest.
+BENCH_STAMP := $(VENV)/.bench
+$(BENCH_STAMP): pyproject.toml | $(STAMP)
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -e '.[local,test,bench]'
+	@touch $@
+
+bench: $(STAMP) $(BENCH_STAMP)
 	@$(DEVSERVICES) run --throwaway -- python bench/run.py $(ARGS)
 
 clean:

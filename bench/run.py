@@ -442,6 +442,68 @@ def load_sdk_worker(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     out.send({"acked_in_window": float(at_end - at_start), "failures": 0, "client_cpu_s": cpu})
 
 
+def load_celery_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """The Celery peer's producers: threads calling `apply_async` one task at a time.
+
+    Also reads the tasks done (bench/celery_peer.py's counter) for the flow control and
+    for the window's count.
+    """
+    _child_init()
+    os.environ["BENCH_CELERY_BROKER"] = cfg["broker"]
+    os.environ["BENCH_CELERY_COUNTER"] = cfg["counter"]
+    import redis
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import celery_peer
+
+    counter = redis.Redis.from_url(cfg["broker"])
+    lock = threading.Lock()
+    failures = [0]
+    celery_peer.noop.apply_async((PAYLOAD,), queue=cfg["queue"])  # connect before the clock
+    shared.enqueued.value += 1
+    t_start, t_end = _wait_go(shared)
+
+    def count_done() -> None:
+        reader = redis.Redis.from_url(cfg["broker"])
+        while not shared.stop.is_set():
+            shared.acked.value = int(reader.get(cfg["counter"]) or 0)
+            time.sleep(0.002)
+
+    def run(i: int) -> None:
+        clock = time.monotonic
+        while not shared.stop.is_set():
+            if clock() >= t_end:
+                return
+            if shared.enqueued.value - shared.acked.value + 1 > cfg["max_backlog"]:
+                time.sleep(0.001)
+                continue
+            try:
+                celery_peer.noop.apply_async((PAYLOAD,), queue=cfg["queue"])
+            except Exception:
+                with lock:
+                    failures[0] += 1
+                continue
+            with lock:
+                shared.enqueued.value += 1
+
+    reader = threading.Thread(target=count_done, daemon=True)
+    reader.start()
+    threads = _threads(cfg["threads"], run)
+    time.sleep(max(0.0, t_start - time.monotonic()))
+    before, done_before = time.process_time(), int(counter.get(cfg["counter"]) or 0)
+    time.sleep(max(0.0, t_end - time.monotonic()))
+    cpu, done_after = time.process_time() - before, int(counter.get(cfg["counter"]) or 0)
+    for thread in threads:
+        thread.join()
+    out.send(
+        {
+            "acked_in_window": float(done_after - done_before),
+            "failures": failures[0],
+            "client_cpu_s": cpu,
+        }
+    )
+
+
 def load_fleet(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     """An idle fleet: `pollers` workers long-polling one queue (`wait_seconds` 30) in a loop.
 
@@ -1430,6 +1492,85 @@ class Bench:
             "runs": per_run,
         }
 
+    def phase_celery(self, runs: int) -> dict[str, Any]:
+        """Celery 5 (prefork, acks_late, Redis broker) in the SDK row's shape, same run."""
+        args = self.args
+        try:
+            import celery  # noqa: F401
+        except ImportError:
+            log("celery: not installed (.venv/bin/pip install -e '.[bench]'); skipped")
+            return {"skipped": "celery is not installed"}
+        broker = self.env["REDIS_URL"]
+        per_run = []
+        for run in range(runs):
+            tag = uuid.uuid4().hex[:6]
+            queue, counter = f"bench-celery-{tag}", f"bench-celery-{tag}:done"
+            env = {**self.env, "BENCH_CELERY_BROKER": broker, "BENCH_CELERY_COUNTER": counter}
+            workers = []
+            for n in range(args.sdk_workers):
+                log_path = self.logdir / f"celery-{tag}-{n}.log"
+                workers.append(
+                    subprocess.Popen(
+                        [
+                            *(sys.executable, "-m", "celery", "-A", "celery_peer", "worker"),
+                            *("--pool", "prefork", "--concurrency", str(args.sdk_concurrency)),
+                            *("-Q", queue, "-n", f"peer{n}-{tag}@%h", "-l", "INFO"),
+                            *("--without-heartbeat", "--without-gossip", "--without-mingle"),
+                        ],
+                        cwd=ROOT / "bench",
+                        env=env,
+                        stdout=log_path.open("wb"),
+                        stderr=subprocess.STDOUT,
+                        preexec_fn=_pdeathsig,
+                    )
+                )
+            try:
+                self._wait_celery_ready(tag, len(workers))
+                prod = {
+                    "queue": queue,
+                    "threads": args.sdk_producers,
+                    "max_backlog": 2000,
+                    "broker": broker,
+                    "counter": counter,
+                }
+                [p], _, shared = self.run_load(
+                    [(load_celery_producers, prod)], warmup=args.e2e_warmup, window=args.window
+                )
+            finally:
+                for worker in workers:
+                    worker.terminate()
+                for worker in workers:
+                    try:
+                        worker.wait(10)
+                    except subprocess.TimeoutExpired:
+                        worker.kill()
+                with contextlib.suppress(Exception):
+                    self.redis.delete(queue, counter, "unacked", "unacked_index")
+            window = shared.t_end.value - shared.t_start.value
+            rate = p["acked_in_window"] / window
+            per_run.append({"rate": rate, "failures": p["failures"]})
+            log(f"celery run {run + 1}/{runs}: {rate:.0f} tasks/s")
+            self.settle()
+        return {
+            "unit": "tasks/s",
+            "producers": args.sdk_producers,
+            "workers": args.sdk_workers,
+            "concurrency": args.sdk_concurrency,
+            **summary([r["rate"] for r in per_run]),
+            "failures": sum(r["failures"] for r in per_run),
+            "runs": per_run,
+        }
+
+    def _wait_celery_ready(self, tag: str, count: int) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            logs = list(self.logdir.glob(f"celery-{tag}-*.log"))
+            if sum(b"ready." in path.read_bytes() for path in logs) >= count:
+                return
+            if time.monotonic() > deadline:
+                raise BenchError(f"the Celery workers did not start: {self.logdir}")
+            time.sleep(0.2)
+
     def phase_fleet(self) -> dict[str, Any]:
         """An idle fleet of long-polling workers: does it cost the API its capacity?"""
         args = self.args
@@ -1817,6 +1958,13 @@ def table(report: dict[str, Any]) -> str:
             f"e2e SDK ({e['producers']} producer threads, {e['workers']}x{e['concurrency']} Worker)"
         )
         row(label, e, "tasks/s")
+    if "celery" in res and "median" in res["celery"]:
+        e = res["celery"]
+        label = (
+            f"Celery 5 peer, same run ({e['producers']} producer threads, "
+            f"{e['workers']}x{e['concurrency']} prefork, acks_late)"
+        )
+        row(label, e, "tasks/s")
     if "latency" in res:
         row("enqueue->claim p50", res["latency"]["p50"], "ms", "latency_p50")
         row("enqueue->claim p99", res["latency"]["p99"], "ms", "latency_p99")
@@ -1934,9 +2082,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
     p.add_argument(
         "--only",
-        default="enqueue,e2e,sdk,latency,scheduled,capped,push,fleet",
+        default="enqueue,e2e,sdk,celery,latency,scheduled,capped,push,fleet",
         help=(
-            "comma-separated phases: enqueue, e2e, sdk, latency, scheduled, capped, push, fleet "
+            "comma-separated phases: enqueue, e2e, sdk, celery, latency, scheduled, capped, "
+            "push, fleet "
             "(default all)"
         ),
     )
@@ -1980,7 +2129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
-    known = {"enqueue", "e2e", "sdk", "latency", "scheduled", "capped", "push", "fleet"}
+    known = {"enqueue", "e2e", "sdk", "celery", "latency", "scheduled", "capped", "push", "fleet"}
     unknown = args.phases - known
     if unknown:
         p.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
@@ -2011,6 +2160,8 @@ def run_phases(bench: Bench, args: argparse.Namespace, profile: bool) -> dict[st
         results["e2e_batched"] = bench.phase_e2e(True, args.runs, profile)
     if "sdk" in args.phases:
         results["sdk"] = bench.phase_sdk(args.runs)
+    if "celery" in args.phases:
+        results["celery"] = bench.phase_celery(args.runs)
     if "latency" in args.phases:
         results["latency"] = bench.phase_latency(args.runs, profile)
     if "scheduled" in args.phases:
