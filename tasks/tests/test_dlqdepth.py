@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Count
 from django.test import Client
 from django.urls import reverse
@@ -193,3 +195,44 @@ def test_depth__stats_dashboard_and_metrics_read_it() -> None:
     browser.force_login(User.objects.create_superuser("root"))
     page = browser.get(reverse("dashboard:dlq"))
     assert {"name": queue.name, "dlq_depth": 7, "text": "7"} in page.context["depths"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_depth__deaths_in_one_queue_never_wait_on_each_other() -> None:
+    """A death whose transaction stays open delays neither another death of its queue, a
+    replay, nor the watchdog's fold; each counts once it commits."""
+    queue = QueueFactory(max_retries=0)
+    first, second = (TaskFactory(queue=queue, status=S.EXECUTING) for _ in range(2))
+    older = TaskFactory(queue=queue, status=S.DEAD)
+    TaskFactory(queue=queue, status=S.DEAD)
+    dlqdepth.compact()
+    held, release = threading.Event(), threading.Event()
+
+    def die_and_hold() -> None:
+        try:
+            with transaction.atomic():
+                task = Task.objects.select_for_update().get(pk=first.pk)
+                transitions.fail(task, error="e", retry=False)
+                held.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=die_and_hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        began = time.monotonic()
+        with transaction.atomic():
+            task = Task.objects.select_for_update().get(pk=second.pk)
+            transitions.fail(task, error="e", retry=False)
+        dlq.replay_one(queue, str(older.pk), actor=CLI)
+        dlqdepth.compact()
+        assert time.monotonic() - began < 2
+        assert counted()[queue.pk] == 2  # 2 dead + 1 - 1: the held death is not in yet
+    finally:
+        release.set()
+        holder.join(10)
+    exact({queue: 3})
+    dlqdepth.compact()
+    exact({queue: 3})
