@@ -7,10 +7,11 @@ Examples::
     taskforge queues update emails --max-concurrency none    # none: no limit
     taskforge queues pause emails  |  taskforge queues resume emails
     taskforge enqueue emails '{"to": "a@example.com"}' --priority 1 --delay 30
-    taskforge task emails 0190...
+    taskforge task emails 0190...  |  taskforge task cancel emails 0190...
     taskforge stats emails
     taskforge dlq list emails
     taskforge dlq replay emails ID [ID ...]    |  taskforge dlq replay emails --all
+    taskforge dlq discard emails ID            # deleted for good
     taskforge schedules create reports nightly '0 3 * * *' '{"n": 1}' --timezone Europe/Paris
     taskforge schedules list reports  |  taskforge schedules show reports nightly
     taskforge schedules pause reports nightly  |  taskforge schedules resume reports nightly
@@ -87,9 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--idempotency-key")
     enqueue.add_argument("--max-retries", type=int)
 
-    task = sub.add_parser("task", help="show a task")
-    task.add_argument("queue")
-    task.add_argument("id")
+    task = sub.add_parser(
+        "task",
+        help="show a task, or cancel one",
+        usage="taskforge task [show] QUEUE ID [--events]\n       taskforge task cancel QUEUE ID",
+    )
+    task.add_argument("words", nargs="+", metavar="[show|cancel] QUEUE ID")  # see _task_words
     task.add_argument("--events", action="store_true", help="also its state transitions")
 
     stats = sub.add_parser("stats", help="a queue's stats")
@@ -104,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("queue")
     replay.add_argument("ids", nargs="*")
     replay.add_argument("--all", action="store_true")
+    discard = dlq_sub.add_parser("discard", help="delete a dead task for good")
+    discard.add_argument("queue")
+    discard.add_argument("id")
 
     schedules = sub.add_parser("schedules", help="cron schedules (admin)")
     sched_sub = schedules.add_subparsers(dest="schedules_command", required=True)
@@ -148,6 +155,25 @@ def _int_or_none(text: str) -> Any:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer or none: {text!r}") from None
+
+
+def _task_words(args: argparse.Namespace) -> str | None:
+    """Split `task`'s words into args.action, args.queue, args.id; a usage error or None.
+
+    `task QUEUE ID` and `task show QUEUE ID` show, `task cancel QUEUE ID` cancels. Two words
+    starting with show or cancel are refused (the queue was left out, most likely): a queue
+    with one of those names is shown with `task show cancel ID`.
+    """
+    words = args.words
+    if len(words) == 3 and words[0] in ("show", "cancel"):
+        args.action, args.queue, args.id = words
+    elif len(words) == 2 and words[0] not in ("show", "cancel"):
+        args.action, (args.queue, args.id) = "show", words
+    else:
+        return "task: give QUEUE ID (or show QUEUE ID) to show a task, cancel QUEUE ID to cancel it"
+    if args.action == "cancel" and args.events:
+        return "task cancel: --events is for showing a task"
+    return None
 
 
 def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
@@ -257,6 +283,8 @@ def _run(args: argparse.Namespace, client: TaskForge) -> Any:
             idempotency_key=args.idempotency_key,
             max_retries=args.max_retries,
         ).raw
+    if args.command == "task" and args.action == "cancel":
+        return client.cancel_task(args.queue, args.id).raw
     if args.command == "task":
         out = client.get_task(args.queue, args.id).raw
         if args.events:
@@ -270,6 +298,9 @@ def _run(args: argparse.Namespace, client: TaskForge) -> Any:
         if args.all:
             return {"replayed": client.replay_all(args.queue)}
         return {"replayed": client.replay_many(args.queue, args.ids)}
+    if args.command == "dlq" and args.dlq_command == "discard":
+        client.discard(args.queue, args.id)
+        return {"discarded": True}
     if args.command == "schedules":
         return _run_schedules(args, client)
     raise AssertionError(args)  # pragma: no cover
@@ -288,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--url and --api-key (or TASKFORGE_URL and TASKFORGE_API_KEY) are required")
     if args.command == "dlq" and args.dlq_command == "replay" and bool(args.all) == bool(args.ids):
         parser.error("dlq replay: give task ids or --all (not both)")
+    if args.command == "task" and (problem := _task_words(args)):
+        parser.error(problem)
     payload = getattr(args, "payload", None)
     if payload is not None:
         try:

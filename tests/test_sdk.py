@@ -387,6 +387,54 @@ def test_cli__push_queues(keys: Keys, service: Service, capsys: pytest.CaptureFi
     assert usage.value.code == 2
 
 
+def test_cli__task_cancel_and_dlq_discard(
+    admin: TaskForge,
+    producer: TaskForge,
+    keys: Keys,
+    service: Service,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    name = qname()
+    admin.create_queue(name, max_retries=0)
+    base = ["--url", service.base_url, "--api-key", keys.producer]
+    later = producer.enqueue(name, {"n": 1}, delay=3600)
+    assert cli_main([*base, "task", "cancel", name, later.id]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
+    assert cli_main([*base, "task", "show", name, later.id]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
+    assert cli_main([*base, "task", "cancel", name, later.id]) == 1  # cancelled already
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "invalid_state"
+    assert cli_main([*base, "task", "cancel", name, str(uuid.uuid4())]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+    # Usage errors exit 2 before any request: the queue left out, --events with cancel.
+    for words in (["cancel", later.id], ["cancel", name, later.id, "--events"], [name]):
+        with pytest.raises(SystemExit) as usage:
+            cli_main([*base, "task", *words])
+        assert usage.value.code == 2
+    capsys.readouterr()
+
+    # A dead task: discarded for good; a second discard, or a live task, is not_found.
+    dead = producer.enqueue(name, {"die": True})
+    with TaskForge(service.base_url, keys.worker) as worker:
+        wait_for(lambda: worker.claim("w-cli", [name], wait_seconds=2), 10, "a claim")
+        assert worker.nack("w-cli", dead.id, "no", attempt=1).status == "dead"
+    live = producer.enqueue(name, {"n": 2}, delay=3600)
+    base = ["--url", service.base_url, "--api-key", keys.admin]
+    assert cli_main([*base, "dlq", "discard", name, live.id]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+    assert cli_main([*base, "dlq", "discard", name, dead.id]) == 0
+    assert json.loads(capsys.readouterr().out) == {"discarded": True}
+    assert admin.dlq(name) == []
+    assert cli_main([*base, "task", name, dead.id]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+    assert cli_main([*base, "dlq", "discard", name, dead.id]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+    # Discarding is an admin's: a producer key gets forbidden.
+    producer_base = ["--url", service.base_url, "--api-key", keys.producer]
+    assert cli_main([*producer_base, "dlq", "discard", name, live.id]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "forbidden"
+
+
 def test_cli(admin: TaskForge, keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]):
     name = qname()
     admin.create_queue(name, max_retries=0)

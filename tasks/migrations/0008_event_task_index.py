@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("queues", "0003_push"),
-        ("tasks", "0006_schedules"),
+        ("tasks", "0007_dead_counts"),
     ]
 
     operations = [
