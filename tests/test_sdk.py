@@ -818,6 +818,27 @@ def test_worker__acks_through_ack_batch(
     assert _api_requests(service, "/workers/ack/batch") > batches_before
 
 
+def test_worker__claims_again_while_an_ack_is_on_its_way(
+    admin: TaskForge, producer: TaskForge, keys: Keys, service: Service
+) -> None:
+    """A slot frees when its handler returns: with one slot and acks that wait 0.5 s for
+    company, the next task is handed out before the previous one is acked."""
+    name = qname()
+    admin.create_queue(name)
+    first, second = producer.enqueue_many(name, [TaskSpec({"n": 1}), TaskSpec({"n": 2})])
+    with running_worker(
+        service, keys.worker, name, sdk_handlers.double, concurrency=1, ack_linger=0.5
+    ) as w:
+        wait_for(lambda: w.processed == 2, 30, "2 tasks acked")
+    events = {
+        task.id: {e.to_status: e.at for e in producer.task_events(name, task.id) if e.at}
+        for task in (first, second)
+    }
+    handed = sorted(events.values(), key=lambda moves: moves["executing"])
+    assert handed[1]["executing"] < handed[0]["done"]
+    assert all(t.status == "done" for t in producer.list_tasks(name))
+
+
 def test_worker__signal_handler_takes_no_lock(service: Service, keys: Keys) -> None:
     """Regression for issue 14: the SIGTERM handler called Event.set() (and logged); run
     in the main thread while that thread held the event's lock, it waited for it forever."""
