@@ -56,7 +56,8 @@ def _account(host: str) -> pwd.struct_passwd | None:
 class PgBouncer:
     """pgbouncer for one database of one server (a Django DATABASES entry)."""
 
-    def __init__(self, database: Mapping[str, Any]) -> None:
+    def __init__(self, database: Mapping[str, Any], *, pool_size: int = POOL_SIZE) -> None:
+        self.pool_size = pool_size
         self.name: str = database["NAME"]
         self.user: str = database.get("USER") or "postgres"
         self.password: str = database.get("PASSWORD") or ""
@@ -92,7 +93,7 @@ auth_type = trust
 auth_file = {self.directory}/userlist.txt
 admin_users = {self.user}
 pool_mode = transaction
-default_pool_size = {POOL_SIZE}
+default_pool_size = {self.pool_size}
 max_client_conn = 1000
 server_login_retry = 1
 logfile = {self.log}

@@ -36,7 +36,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from tests.pgbouncer import PgBouncer, pgbouncer_binary
+from tests.pgbouncer import POOL_SIZE, PgBouncer, pgbouncer_binary
 from tests.service import Service
 from tests.test_faults import (  # noqa: F401  (fixtures and tests run here through pgbouncer)
     Clients,
@@ -108,16 +108,28 @@ def services(
         pool.close()
 
 
+@pytest.fixture
+def one_server(django_db_setup: None) -> Iterator[PgBouncer]:
+    """A pgbouncer of its own with one server connection: its clients take turns on it."""
+    pool = PgBouncer(connection.settings_dict, pool_size=1)
+    pool.start()
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
 def test_control__named_statements_and_listen_break_in_transaction_mode(
-    bouncer: PgBouncer,
+    one_server: PgBouncer,
 ) -> None:
     """What DATABASE_PREPARED_STATEMENTS and DATABASE_LISTEN_URL are for, on this pgbouncer."""
+    bouncer = one_server
     with (
         psycopg.connect(bouncer.url(), autocommit=True) as one,
         psycopg.connect(bouncer.url(), autocommit=True) as two,
     ):
         # psycopg names its statements _pg3_0, _pg3_1, ... per connection: the second
-        # client's first one meets the first client's on the shared server connection.
+        # client's first one meets the first client's on the one server connection.
         one.execute("SELECT %s::int", [1], prepare=True)
         with pytest.raises(psycopg.errors.DuplicatePreparedStatement):
             two.execute("SELECT %s::int", [2], prepare=True)
@@ -163,7 +175,7 @@ def test_every_process_goes_through_pgbouncer(
     transaction_clients = [c for c in clients if c["database"] == bouncer.name]
     print(f"transaction pool: {len(transaction_clients)} clients on {servers} server connections")
     assert len(transaction_clients) >= 4
-    assert servers <= 20
+    assert servers <= POOL_SIZE
     # Nothing went wrong on the way: pgbouncer closed no client for a protocol error.
     assert "prepared statement" not in shared_service.tails(200)
 
