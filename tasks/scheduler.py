@@ -58,7 +58,7 @@ class SchedulerLoop(Loop):
 
     def tick(self) -> bool:
         """Do whatever is due; True when a batch was full (go again at once)."""
-        self._listen()  # before looking, so a NOTIFY sent meanwhile is not missed
+        self._listener.ensure()  # before looking, so a NOTIFY sent meanwhile is not missed
         now = timezone.now()
         due = self.next_due(now)
         retry_at, delayed_at, schedule_at = due

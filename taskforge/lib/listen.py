@@ -13,11 +13,14 @@ only ever listens.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.db import connection
+
+logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 5
 
@@ -56,6 +59,25 @@ class Listener:
                 cursor.execute(f"LISTEN {self.channel}")
             self._listening_on = pg
         return pg
+
+    def ensure(self) -> None:
+        """LISTEN now, before a tick looks, so a NOTIFY sent meanwhile is not missed.
+
+        On the loop's own connection a failure is the tick's (it needs that
+        connection anyway).  A listening connection of its own that cannot be
+        had does not stop the tick: it is logged, and the loop falls back to its
+        fallback tick until a later call reconnects.
+        """
+        if not settings.DATABASE_LISTEN_URL:
+            self.connection()
+            return
+        try:
+            self.connection()
+        except Exception as exc:
+            logger.warning(
+                "listen.unavailable", extra={"channel": self.channel, "error": repr(exc)}
+            )
+            self.reset()
 
     def reset(self) -> None:
         """The connection broke: listen afresh at the next `connection()`."""
