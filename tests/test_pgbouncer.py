@@ -150,7 +150,7 @@ def test_control__named_statements_and_listen_break_in_transaction_mode(
 
 
 @pytest.mark.timeout(60)
-def test_every_process_goes_through_pgbouncer(
+def test_service__every_process_goes_through_pgbouncer(
     shared_service: Service,  # noqa: F811  (the fixture imported from test_faults)
     api: Clients,  # noqa: F811
     bouncer: PgBouncer,

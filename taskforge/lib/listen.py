@@ -65,7 +65,7 @@ class Listener:
 
         On the loop's own connection a failure is the tick's (it needs that
         connection anyway).  A listening connection of its own that cannot be
-        had does not stop the tick: it is logged, and the loop falls back to its
+        had does not stop the tick: it is logged, and the loop works on its
         fallback tick until a later call reconnects.
         """
         if not settings.DATABASE_LISTEN_URL:
@@ -73,7 +73,7 @@ class Listener:
             return
         try:
             self.connection()
-        except Exception as exc:
+        except psycopg.Error as exc:
             logger.warning(
                 "listen.unavailable", extra={"channel": self.channel, "error": repr(exc)}
             )
