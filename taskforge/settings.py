@@ -141,6 +141,18 @@ if DATABASE_POOL_MAX > 0:
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = 60
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# The hot statements (taskforge.lib.pg) as named prepared statements, planned once per
+# connection (a measured win: docs/operations.md). Off for a pooler in transaction mode
+# that does not carry them from one server connection to the next (pgbouncer before 1.21,
+# or without max_prepared_statements): they then run as unnamed statements.
+DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
+# Where the dispatcher and the scheduler LISTEN for their wake-ups: a session of its own
+# (Postgres directly, or a pooler in session mode). Unset: on their own connection to
+# DATABASE_URL, which must then be a session (no transaction pooling).
+DATABASE_LISTEN_URL = env.str("DATABASE_LISTEN_URL", default="")
+# Django's server-side cursors (QuerySet.iterator()) live across transactions, which a
+# transaction pooler cannot follow; TaskForge reads nothing big enough to need them.
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 REDIS_URL = env("REDIS_URL")
 # Connections per process to REDIS_URL for the dispatch buffer (tasks.buffer).
