@@ -45,6 +45,9 @@ def test_create__without_push_is_a_pulled_queue(admin_client: APIClient) -> None
         {"url": "a.example/x"},
         {"url": "https://a.example/\r\nX: y"},
         {"url": "https://a.example:99999/"},
+        {"url": "https://a.example/x#frag"},
+        {"url": "https://a.example/" + "x" * 2048},
+        {"url": "https://a.example/a b"},
         {"url": URL, "timeout_seconds": 0},
         {"url": URL, "timeout_seconds": 1801},
         {"url": URL, "timeout_seconds": "30"},
@@ -62,6 +65,8 @@ def test_create__without_push_is_a_pulled_queue(admin_client: APIClient) -> None
         {"url": URL, "headers": {"X A": "a"}},
         {"url": URL, "headers": {"X-A\r\n": "a"}},
         {"url": URL, "headers": {"X-A": "snow ☃"}},
+        {"url": URL, "headers": {"X-A": "1", "x-a": "2"}},
+        {"url": URL, "headers": {"X-A": "v" * 8193}},
         {"url": URL, "retries": 3},
     ],
 )

@@ -29,6 +29,7 @@ from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskEvent, TaskStatus
 from tests.pushtarget import Answer, Target
 from workers import protocol
+from workers.models import Worker
 from workers.pusher import PushLoop
 from workers.watchdog import WatchdogLoop
 
@@ -88,7 +89,17 @@ def settled(ids: list[str], *statuses: str) -> Callable[[], bool]:
 
 
 def test_delivers_the_payload_with_the_documented_headers_and_signature(target: Target) -> None:
-    queue = push_queue(target, push={"headers": {"Authorization": "Bearer t0ken", "X-Env": "a"}})
+    queue = push_queue(
+        target,
+        push={
+            "headers": {
+                "Authorization": "Bearer t0ken",
+                "X-Env": "a",
+                "content-type": "text/plain",  # TaskForge's own headers win
+                "TaskForge-Queue": "forged",
+            }
+        },
+    )
     with override_settings(TASKFORGE_PUSH_SIGNING_SECRET="s3cret"), pushing() as loop:
         [task_id] = enqueue(queue, {"to": "ada@example.com", "n": [1, 2]})
         wait_for(settled([task_id], S.DONE))
@@ -96,6 +107,7 @@ def test_delivers_the_payload_with_the_documented_headers_and_signature(target: 
     assert request.path == "/hook"
     assert request.json() == {"to": "ada@example.com", "n": [1, 2]}
     assert request.header("Content-Type") == "application/json"
+    assert request.header("User-Agent") == "TaskForge-Push/1.1"
     assert request.header("TaskForge-Task-Id") == task_id
     assert request.header("TaskForge-Queue") == "hooks"
     assert request.header("TaskForge-Attempt") == "1"
@@ -204,6 +216,36 @@ def test_retry_after_of_a_429_or_503_replaces_the_backoff(
     delay = (task.scheduled_at - failed_at).total_seconds()
     assert expected - 2 <= delay <= expected
     assert task.last_error == f"HTTP {status}: slow down"
+
+
+@pytest.mark.parametrize("retry_after", ["soon", "HTTPDATE-300"])
+def test_a_retry_after_that_is_no_delay_is_ignored_or_zero(
+    target: Target, retry_after: str
+) -> None:
+    past = retry_after.startswith("HTTPDATE-")
+    if past:
+        when = datetime.now(UTC) - timedelta(seconds=300)
+        retry_after = email.utils.format_datetime(when, usegmt=True)
+    target.script = lambda request: Answer(503, b"busy", {"Retry-After": retry_after})
+    queue = push_queue(target)
+    with pushing():
+        ids = enqueue(queue, {"n": 1})
+        wait_for(settled(ids, S.RETRY))
+    task = Task.objects.get(pk=ids[0])
+    failed_at = TaskEvent.objects.get(task_id=ids[0], to_status=S.RETRY).at
+    delay = (task.scheduled_at - failed_at).total_seconds()
+    if past:
+        assert delay == 0
+    else:  # the usual backoff: 1..2 s after the first failure
+        assert 1 <= delay <= 2
+
+
+def test_a_push_process_is_listed_among_the_workers(target: Target, admin_client: Any) -> None:
+    with pushing() as loop:
+        wait_for(lambda: Worker.objects.filter(worker_id=loop.worker_id).exists())
+        listed = admin_client.get("/workers").json()
+    rows = listed["results"] if isinstance(listed, dict) else listed
+    assert loop.worker_id in [row["worker_id"] for row in rows]
 
 
 def test_a_redirect_is_not_followed(target: Target) -> None:
