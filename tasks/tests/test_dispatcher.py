@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
 import redis
+from django.db import connection
 from django.utils import timezone
 
+from queues.notify import DISPATCH_CHANNEL
 from queues.tests.factories import QueueFactory
 from tasks import buffer as buffer_module
+from tasks import dispatcher
 from tasks.buffer import get_buffer
 from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskStatus
@@ -113,3 +118,31 @@ def test_run__stops_on_flag_and_once_runs_one_tick() -> None:
     assert statuses(task) == [S.CLAIMED]
     loop.stopping = True
     assert loop.run() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("burst", "expected"), [(True, {"q1", "q2"}), (False, {"q1"})])
+def test_wait__a_burst_of_notifies_is_gathered_into_one_pass(
+    monkeypatch: pytest.MonkeyPatch, burst: bool, expected: set[str]
+) -> None:
+    """Every enqueue into a queue with a backlog NOTIFYs; while they come in a burst, one
+    wake-up serves those of the next moment too. A lone NOTIFY is served at once."""
+    monkeypatch.setattr(dispatcher, "GATHER_SECONDS", 0.5)
+    loop = DispatcherLoop()
+    loop._next_full_pass = time.monotonic() + 60
+    loop.wait(0.01)  # LISTEN before anything is sent
+    loop._last_wake = time.monotonic() if burst else 0.0
+
+    def send() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, 'q1')", [DISPATCH_CHANNEL])
+            time.sleep(0.1)
+            cursor.execute("SELECT pg_notify(%s, 'q2')", [DISPATCH_CHANNEL])
+        connection.close()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    loop.wait(5.0)
+    sender.join()
+    assert loop._woken == expected
+    loop._listener.reset()
