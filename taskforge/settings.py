@@ -99,7 +99,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
+    # django-prometheus's, with its labelled children looked up once per process.
+    "taskforge.api.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "taskforge.urls"
