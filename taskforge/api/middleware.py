@@ -131,6 +131,20 @@ class PrometheusAfterMiddleware(django_prometheus.middleware.PrometheusAfterMidd
         super().__init__(*args, **kwargs)
         self._children: dict[tuple[Any, ...], Any] = {}
 
+    def process_request(self, request: HttpRequest) -> None:
+        # django-prometheus's, reading the two headers from META: `request.headers`
+        # builds a mapping of every header on first use, for two lookups.
+        meta = request.META
+        method = self._method(request)
+        self.label_metric(self.metrics.requests_by_method, request, method=method).inc()
+        transport = self._transport(request)
+        self.label_metric(self.metrics.requests_by_transport, request, transport=transport).inc()
+        if meta.get("HTTP_X_REQUESTED_WITH") == "XMLHttpRequest":
+            self.label_metric(self.metrics.requests_ajax, request).inc()
+        length = meta.get("CONTENT_LENGTH") or 0
+        self.label_metric(self.metrics.requests_body_bytes, request).observe(int(length))
+        request.prometheus_after_middleware_event = django_prometheus.middleware.Time()  # type: ignore[attr-defined]
+
     def label_metric(self, metric: Any, request: Any, response: Any = None, **labels: Any) -> Any:
         if not labels:
             return metric
