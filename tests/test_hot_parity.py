@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import RequestFactory
 from rest_framework.test import APIClient
 
 from queues.models import Queue
+from taskforge.api.middleware import is_hot_call
 
 pytestmark = pytest.mark.django_db
 
@@ -276,3 +278,22 @@ def test_hot_endpoints__answer_with_drf_views_headers(clients: dict[str, APIClie
         hot, drf = ({name.lower(): value for name, value in a.items()} for a in answers)
         hot.pop("content-length", None), drf.pop("content-length", None)
         assert hot == drf, endpoint
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "hot"),
+    [
+        ("POST", "/workers/claim", True),
+        ("POST", "/workers/ack/batch", True),
+        ("POST", f"/queues/{Q}/tasks", True),
+        ("POST", f"/queues/{Q}/tasks/batch", True),
+        ("GET", f"/queues/{Q}/tasks", False),
+        ("POST", "/queues", False),
+        ("POST", f"/queues/{Q}/tasks/x/y", False),
+        ("POST", "/admin/login/", False),
+    ],
+)
+def test_is_hot_call__only_a_post_to_a_hot_endpoint(method: str, path: str, hot: bool) -> None:
+    """Only those pass the people's middleware by (taskforge.api.middleware)."""
+    request = RequestFactory().generic(method, path)
+    assert is_hot_call(request) is hot
