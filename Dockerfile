@@ -38,5 +38,5 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4)"]
 
 # The API. The loops run the same image with another command
-# (`python manage.py run_dispatcher`, `run_scheduler`, `run_watchdog`).
+# (`python manage.py run_dispatcher`, `run_scheduler`, `run_watchdog`, `run_pusher`).
 CMD ["python", "manage.py", "run_api"]

@@ -10,6 +10,7 @@ BIN := $(abspath $(VENV))/bin
 # Reinstall when pyproject.toml is newer than this file.
 STAMP := $(VENV)/.installed
 BROWSER_STAMP := $(VENV)/.browser
+PGBOUNCER_STAMP := $(VENV)/.pgbouncer
 DATA := .taskforge
 DEVSERVICES := $(BIN)/python -m devservices
 
@@ -56,9 +57,21 @@ $(BROWSER_STAMP): | $(STAMP)
 	else echo "no chromium (apt-get install chromium): the browser tests will be skipped"; fi
 	@touch $@
 
+# tests/test_pgbouncer.py runs the service through Debian's pgbouncer (transaction mode).
+# Install it when we can (root with apt-get); otherwise those tests skip and say why.
+$(PGBOUNCER_STAMP): | $(STAMP)
+	@if [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "Installing Debian's pgbouncer for the pgbouncer tests"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      pgbouncer >/dev/null; } \
+	  || echo "pgbouncer could not be installed: the pgbouncer tests will be skipped"; \
+	else echo "no pgbouncer (apt-get install pgbouncer): the pgbouncer tests will be skipped"; fi
+	@touch $@
+
 # pytest's exit code 5 means "no tests collected": an error when ARGS selected nothing,
 # accepted for the whole suite (a project with no tests yet is not a failing project).
-test: $(STAMP) $(BROWSER_STAMP)
+test: $(STAMP) $(BROWSER_STAMP) $(PGBOUNCER_STAMP)
 	@echo "+ pytest $(ARGS)"
 	@$(DEVSERVICES) run --throwaway -- python -m pytest $(ARGS) \
 	  $(if $(strip $(ARGS)),,|| { rc=$$?; [ $$rc -eq 5 ] && echo "pytest: no tests collected" && exit 0; exit $$rc; })
@@ -93,7 +106,13 @@ audit-deps: $(STAMP)
 # bench/run.py starts the API and the loops against a fresh database (taskforge_bench on the
 # server of DATABASE_URL, else a throwaway embedded Postgres and Redis), drives them from
 # separate load processes and prints a table and one JSON line. About 2-3 minutes.
-bench: $(STAMP)
+# The Celery peer row needs Celery (the `bench` extra), installed once beside the rest.
+BENCH_STAMP := $(VENV)/.bench
+$(BENCH_STAMP): pyproject.toml | $(STAMP)
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -e '.[local,test,bench]'
+	@touch $@
+
+bench: $(STAMP) $(BENCH_STAMP)
 	@$(DEVSERVICES) run --throwaway -- python bench/run.py $(ARGS)
 
 clean:

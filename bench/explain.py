@@ -75,12 +75,24 @@ def main() -> int:
             (
                 "hand_out (100)",
                 sql.HAND_OUT,
-                {"ids": claimed, "worker_id": "explain", "key_id": None, "now": now},
+                {
+                    "ids": claimed,
+                    "worker_id": "explain",
+                    "key_id": None,
+                    "now": now,
+                    "lease_from": now,
+                },
             ),
             (
                 "hand_out (1)",
                 sql.HAND_OUT,
-                {"ids": claimed[:1], "worker_id": "explain", "key_id": None, "now": now},
+                {
+                    "ids": claimed[:1],
+                    "worker_id": "explain",
+                    "key_id": None,
+                    "now": now,
+                    "lease_from": now,
+                },
             ),
             (
                 "ack (100)",

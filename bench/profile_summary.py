@@ -62,7 +62,7 @@ ACTIVITIES: list[tuple[str, re.Pattern[str]]] = [
         ("  NOTIFY dispatchers", r"wake_dispatchers"),
         ("  transaction commit (+ on_commit log lines)", r"Atomic\.__exit__"),
         ("  log lines written", r"_log \(tasks/transitions|Logger\.(info|_log)"),
-        ("  claim: Redis pop + hand-out UPDATE", r"_claim_once"),
+        ("  claim: Redis pop + hand-out UPDATE", r"take \(workers/protocol"),
         ("  worker last-seen upsert", r"record_seen"),
         ("  ack (UPDATE + events)", r"ack \(workers/protocol"),
         ("  response body (task_to_dict)", r"task_to_dict|claimed_task|_batch_result"),

@@ -2,11 +2,12 @@
 
 The rows are what TaskForge itself writes for a finished task: 90 % `done` (four events:
 created, buffered, handed out, acked; a result), 7 % `dead` (the same four, the last one to
-`dead` with its error; a DLQ entry) and 3 % `cancelled` (created, cancelled).  They belong to
-one queue of their own (`bench-history`), were created over the last six days (inside the
-default retention, so the watchdog leaves them alone during the run) and carry the bench's
-payload.  `generate_series` in chunks, then `VACUUM (ANALYZE)`: the statistics then say what
-a server with months of history says, that nearly every task is finished.
+`dead` with its error; a DLQ entry; the queue's DLQ depth) and 3 % `cancelled` (created,
+cancelled).  They belong to one queue of their own (`bench-history`), were created over the
+last six days (inside the default retention, so the watchdog leaves them alone during the
+run) and carry the bench's payload.  `generate_series` in chunks, then `VACUUM (ANALYZE)`:
+the statistics then say what a server with months of history says, that nearly every task
+is finished.
 
 Also here: the reads that must not scan history, timed against that queue.
 """
@@ -82,6 +83,13 @@ SELECT id, queue_id, payload, last_error, attempts, finished_at, NULL, 0
 FROM tasks_task WHERE queue_id = %(queue_id)s::uuid AND status = 'dead'
 """
 
+# The queue's DLQ depth, which TaskForge keeps beside its moves (tasks.dlqdepth).
+FILL_DLQ_DEPTH = """
+INSERT INTO tasks_deadcount (queue_id, dead)
+SELECT %(queue_id)s::uuid, count(*) FROM tasks_task
+WHERE queue_id = %(queue_id)s::uuid AND status = 'dead'
+"""
+
 VACUUM = "VACUUM (ANALYZE) tasks_task, tasks_taskevent, dlq_deadlettertask"
 
 SIZES = """
@@ -116,6 +124,7 @@ def fill(
                 conn.execute(FILL_EVENTS, params)
             log(f"retained: {hi + 1:,} of {count:,} tasks written")
         conn.execute(FILL_DLQ, {"queue_id": queue_id})
+        conn.execute(FILL_DLQ_DEPTH, {"queue_id": queue_id})
         filled = time.monotonic() - started
         conn.execute(VACUUM)
         after = _sizes(conn)

@@ -17,7 +17,10 @@ load-generator processes over HTTP, and prints a readable table and one JSON lin
    API for everyone else (/healthz and enqueue p99, delivery to the fleet, API memory);
 7. a capped queue (`capped`): `max_concurrency` 10 with 20 workers claiming one task at a
    time, each holding it 10 ms before its ack: tasks/s, and the most tasks executing at once
-   as sampled in Postgres during the window (never above the cap).
+   as sampled in Postgres during the window (never above the cap);
+8. push delivery (`push`): one `run_pusher` process delivering a push queue to a local
+   target (an aiohttp server in its own process) that answers at once, then to one that
+   takes 200 ms per request: tasks/s and the most requests in flight at once.
 
 Each figure is measured over several runs (median, min, max); the CPU each component used
 during the measured windows is reported too, to show what bounds the figure.
@@ -68,7 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Its own database name, so two benchmarks on one server do not drop each other's.
 BENCH_DB = os.environ.get("TASKFORGE_BENCH_DB", "taskforge_bench")
 WEB_WORKERS = 2
-LOOPS = ("dispatcher", "scheduler", "watchdog")
+LOOPS = ("dispatcher", "scheduler", "watchdog", "pusher")
 
 # From issue 3 ("Speed, in `make bench`"): other systems on a 2-core machine, and our targets.
 REFERENCE = {
@@ -439,6 +442,68 @@ def load_sdk_worker(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     out.send({"acked_in_window": float(at_end - at_start), "failures": 0, "client_cpu_s": cpu})
 
 
+def load_celery_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """The Celery peer's producers: threads calling `apply_async` one task at a time.
+
+    Also reads the tasks done (bench/celery_peer.py's counter) for the flow control and
+    for the window's count.
+    """
+    _child_init()
+    os.environ["BENCH_CELERY_BROKER"] = cfg["broker"]
+    os.environ["BENCH_CELERY_COUNTER"] = cfg["counter"]
+    import redis
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import celery_peer
+
+    counter = redis.Redis.from_url(cfg["broker"])
+    lock = threading.Lock()
+    failures = [0]
+    celery_peer.noop.apply_async((PAYLOAD,), queue=cfg["queue"])  # connect before the clock
+    shared.enqueued.value += 1
+    t_start, t_end = _wait_go(shared)
+
+    def count_done() -> None:
+        reader = redis.Redis.from_url(cfg["broker"])
+        while not shared.stop.is_set():
+            shared.acked.value = int(reader.get(cfg["counter"]) or 0)
+            time.sleep(0.002)
+
+    def run(i: int) -> None:
+        clock = time.monotonic
+        while not shared.stop.is_set():
+            if clock() >= t_end:
+                return
+            if shared.enqueued.value - shared.acked.value + 1 > cfg["max_backlog"]:
+                time.sleep(0.001)
+                continue
+            try:
+                celery_peer.noop.apply_async((PAYLOAD,), queue=cfg["queue"])
+            except Exception:
+                with lock:
+                    failures[0] += 1
+                continue
+            with lock:
+                shared.enqueued.value += 1
+
+    reader = threading.Thread(target=count_done, daemon=True)
+    reader.start()
+    threads = _threads(cfg["threads"], run)
+    time.sleep(max(0.0, t_start - time.monotonic()))
+    before, done_before = time.process_time(), int(counter.get(cfg["counter"]) or 0)
+    time.sleep(max(0.0, t_end - time.monotonic()))
+    cpu, done_after = time.process_time() - before, int(counter.get(cfg["counter"]) or 0)
+    for thread in threads:
+        thread.join()
+    out.send(
+        {
+            "acked_in_window": float(done_after - done_before),
+            "failures": failures[0],
+            "client_cpu_s": cpu,
+        }
+    )
+
+
 def load_fleet(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     """An idle fleet: `pollers` workers long-polling one queue (`wait_seconds` 30) in a loop.
 
@@ -706,6 +771,63 @@ def load_scheduled(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
             "client_cpu_share": cpu / elapsed if elapsed else 0.0,
         }
     )
+
+
+def load_push_target(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """A push target (aiohttp's server) that answers each POST after `delay_s`.
+
+    Counts the answers given within the window (the delivered tasks/s) and the most
+    requests it held at once; each answer counts as an ack for the producers' flow control.
+    """
+    _child_init()
+    import asyncio
+
+    from aiohttp import web
+
+    delay = cfg["delay_s"]
+    state = {"in_window": 0, "total": 0, "open": 0, "most": 0}
+    t_start = t_end = 0.0
+
+    async def handle(request: web.Request) -> web.Response:
+        state["open"] += 1
+        state["most"] = max(state["most"], state["open"]) if t_start else 0
+        try:
+            await request.read()
+            if delay:
+                await asyncio.sleep(delay)
+        finally:
+            state["open"] -= 1
+        state["total"] += 1
+        shared.acked.value += 1
+        if t_start <= time.monotonic() <= t_end:
+            state["in_window"] += 1
+        return web.json_response({"ok": True})
+
+    async def main() -> None:
+        nonlocal t_start, t_end
+        app = web.Application()
+        app.router.add_post("/t", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", cfg["port"], backlog=2048).start()
+        loop = asyncio.get_running_loop()
+        began = time.process_time()
+        t_start, t_end = await loop.run_in_executor(None, _wait_go, shared)
+        while not shared.stop.is_set():
+            await asyncio.sleep(0.05)
+        cpu = time.process_time() - began
+        await runner.cleanup()
+        out.send(
+            {
+                "delivered_in_window": state["in_window"],
+                "delivered": state["total"],
+                "most_in_flight": state["most"],
+                "window_s": t_end - t_start,
+                "client_cpu_s": cpu,
+            }
+        )
+
+    asyncio.run(main())
 
 
 def _rss_mb(pids: list[int]) -> float:
@@ -1370,6 +1492,85 @@ class Bench:
             "runs": per_run,
         }
 
+    def phase_celery(self, runs: int) -> dict[str, Any]:
+        """Celery 5 (prefork, acks_late, Redis broker) in the SDK row's shape, same run."""
+        args = self.args
+        try:
+            import celery  # noqa: F401
+        except ImportError:
+            log("celery: not installed (.venv/bin/pip install -e '.[bench]'); skipped")
+            return {"skipped": "celery is not installed"}
+        broker = self.env["REDIS_URL"]
+        per_run = []
+        for run in range(runs):
+            tag = uuid.uuid4().hex[:6]
+            queue, counter = f"bench-celery-{tag}", f"bench-celery-{tag}:done"
+            env = {**self.env, "BENCH_CELERY_BROKER": broker, "BENCH_CELERY_COUNTER": counter}
+            workers = []
+            for n in range(args.sdk_workers):
+                log_path = self.logdir / f"celery-{tag}-{n}.log"
+                workers.append(
+                    subprocess.Popen(
+                        [
+                            *(sys.executable, "-m", "celery", "-A", "celery_peer", "worker"),
+                            *("--pool", "prefork", "--concurrency", str(args.sdk_concurrency)),
+                            *("-Q", queue, "-n", f"peer{n}-{tag}@%h", "-l", "INFO"),
+                            *("--without-heartbeat", "--without-gossip", "--without-mingle"),
+                        ],
+                        cwd=ROOT / "bench",
+                        env=env,
+                        stdout=log_path.open("wb"),
+                        stderr=subprocess.STDOUT,
+                        preexec_fn=_pdeathsig,
+                    )
+                )
+            try:
+                self._wait_celery_ready(tag, len(workers))
+                prod = {
+                    "queue": queue,
+                    "threads": args.sdk_producers,
+                    "max_backlog": 2000,
+                    "broker": broker,
+                    "counter": counter,
+                }
+                [p], _, shared = self.run_load(
+                    [(load_celery_producers, prod)], warmup=args.e2e_warmup, window=args.window
+                )
+            finally:
+                for worker in workers:
+                    worker.terminate()
+                for worker in workers:
+                    try:
+                        worker.wait(10)
+                    except subprocess.TimeoutExpired:
+                        worker.kill()
+                with contextlib.suppress(Exception):
+                    self.redis.delete(queue, counter, "unacked", "unacked_index")
+            window = shared.t_end.value - shared.t_start.value
+            rate = p["acked_in_window"] / window
+            per_run.append({"rate": rate, "failures": p["failures"]})
+            log(f"celery run {run + 1}/{runs}: {rate:.0f} tasks/s")
+            self.settle()
+        return {
+            "unit": "tasks/s",
+            "producers": args.sdk_producers,
+            "workers": args.sdk_workers,
+            "concurrency": args.sdk_concurrency,
+            **summary([r["rate"] for r in per_run]),
+            "failures": sum(r["failures"] for r in per_run),
+            "runs": per_run,
+        }
+
+    def _wait_celery_ready(self, tag: str, count: int) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            logs = list(self.logdir.glob(f"celery-{tag}-*.log"))
+            if sum(b"ready." in path.read_bytes() for path in logs) >= count:
+                return
+            if time.monotonic() > deadline:
+                raise BenchError(f"the Celery workers did not start: {self.logdir}")
+            time.sleep(0.2)
+
     def phase_fleet(self) -> dict[str, Any]:
         """An idle fleet of long-polling workers: does it cost the API its capacity?"""
         args = self.args
@@ -1528,6 +1729,54 @@ class Bench:
             "failures": sum(r["failures"] for r in per_run),
             "runs": per_run,
         }
+
+    def phase_push(self, runs: int) -> dict[str, Any]:
+        """Push delivery by one run_pusher process: a target answering at once, then in 200 ms."""
+        args = self.args
+        results: dict[str, Any] = {}
+        for label, delay, backlog in (("push_fast", 0.0, 4000), ("push_slow", 0.2, 3000)):
+            per_run = []
+            for run in range(runs):
+                port = free_port()
+                queue = self.new_queue(
+                    label.replace("_", "-"),
+                    push={"url": f"http://127.0.0.1:{port}/t", "timeout_seconds": 30},
+                )
+                target = {"port": port, "delay_s": delay}
+                prod = {"queue": queue, "threads": 1, "batch": 1000, "max_backlog": backlog}
+                (t, p), cores, shared = self.run_load(
+                    [(load_push_target, target), (load_producers, prod)],
+                    warmup=args.e2e_warmup + 0.5,
+                    window=args.window,
+                )
+                window = shared.t_end.value - shared.t_start.value
+                rate = t["delivered_in_window"] / window
+                result = {
+                    "rate": rate,
+                    "most_in_flight": t["most_in_flight"],
+                    "failures": p["failures"],
+                    # The target's CPU is the load generator's, not the service's.
+                    "cores": finish_cores(cores, p["client_cpu_s"] + t["client_cpu_s"], window),
+                }
+                result["cpu_ms_per_task"] = cpu_ms_per_task(result["cores"], rate)
+                self.retire_queue(queue)
+                self.settle()
+                per_run.append(result)
+                log(
+                    f"{label} run {run + 1}/{runs}: {rate:.0f} tasks/s, at most "
+                    f"{t['most_in_flight']} requests in flight (target delay {delay * 1000:.0f} ms)"
+                )
+            results[label] = {
+                "unit": "tasks/s",
+                "delay_ms": delay * 1000,
+                **summary([r["rate"] for r in per_run]),
+                "most_in_flight": max(r["most_in_flight"] for r in per_run),
+                "cores": median_dict([r["cores"] for r in per_run]),
+                "cpu_ms_per_task": median_dict([r["cpu_ms_per_task"] for r in per_run]),
+                "failures": sum(r["failures"] for r in per_run),
+                "runs": per_run,
+            }
+        return results
 
     def phase_scheduled(self, runs: int) -> dict[str, Any]:
         """Delayed tasks: hand-out time minus `scheduled_at` with an idle long-polling worker."""
@@ -1709,6 +1958,13 @@ def table(report: dict[str, Any]) -> str:
             f"e2e SDK ({e['producers']} producer threads, {e['workers']}x{e['concurrency']} Worker)"
         )
         row(label, e, "tasks/s")
+    if "celery" in res and "median" in res["celery"]:
+        e = res["celery"]
+        label = (
+            f"Celery 5 peer, same run ({e['producers']} producer threads, "
+            f"{e['workers']}x{e['concurrency']} prefork, acks_late)"
+        )
+        row(label, e, "tasks/s")
     if "latency" in res:
         row("enqueue->claim p50", res["latency"]["p50"], "ms", "latency_p50")
         row("enqueue->claim p99", res["latency"]["p99"], "ms", "latency_p99")
@@ -1724,6 +1980,13 @@ def table(report: dict[str, Any]) -> str:
         runs = [r["max_running"] for r in c["runs"]]
         most = {"median": statistics.median(runs), "min": min(runs), "max": max(runs)}
         row("capped: most executing at once", most, "tasks", "capped_max_running")
+    for name, what in (("push_fast", "answers at once"), ("push_slow", "200 ms per request")):
+        if name in res:
+            e = res[name]
+            row(f"push, 1 pusher, target {what}", e, "tasks/s")
+            rows.append(
+                (f"  most requests in flight ({name})", f"{e['most_in_flight']}", "", "", "")
+            )
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -1745,7 +2008,7 @@ def table(report: dict[str, Any]) -> str:
         f"{report['environment'].get('cpus')} cores = the whole machine):"
     )
     phases = ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "sdk", "latency")
-    for name in (*phases, "scheduled", "capped"):
+    for name in (*phases, "scheduled", "capped", "push_fast", "push_slow"):
         if name in res:
             cores = res[name]["cores"]
             ranked = sorted(cores.items(), key=lambda item: -item[1])
@@ -1756,7 +2019,15 @@ def table(report: dict[str, Any]) -> str:
         "Service CPU per task in ms (median of runs; API + loops + Postgres + Redis). "
         "On C free cores, tasks/s <= C * 1000 / total:"
     )
-    for name in ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "sdk"):
+    for name in (
+        "enqueue_single",
+        "enqueue_batch",
+        "e2e_single",
+        "e2e_batched",
+        "sdk",
+        "push_fast",
+        "push_slow",
+    ):
         per = res.get(name, {}).get("cpu_ms_per_task")
         if per:
             ranked = sorted(((k, v) for k, v in per.items() if k != "total"), key=lambda i: -i[1])
@@ -1793,7 +2064,8 @@ def table(report: dict[str, Any]) -> str:
     pg = env.get("postgres", {})
     lines.append(
         f"Setup: run_api {env.get('web_workers')} processes x {env.get('web_threads')} threads, "
-        f"3 loops; Postgres {pg.get('server_version')} (fsync {pg.get('fsync')}, "
+        f"{len(LOOPS)} loops ({', '.join(LOOPS)}); "
+        f"Postgres {pg.get('server_version')} (fsync {pg.get('fsync')}, "
         f"synchronous_commit {pg.get('synchronous_commit')}); {env.get('cpus')} CPUs, "
         f"load average at start {env.get('loadavg_at_start')}; commit {env.get('git')}."
     )
@@ -1810,9 +2082,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
     p.add_argument(
         "--only",
-        default="enqueue,e2e,sdk,latency,scheduled,capped,fleet",
+        default="enqueue,e2e,sdk,celery,latency,scheduled,capped,push,fleet",
         help=(
-            "comma-separated phases: enqueue, e2e, sdk, latency, scheduled, capped, fleet "
+            "comma-separated phases: enqueue, e2e, sdk, celery, latency, scheduled, capped, "
+            "push, fleet "
             "(default all)"
         ),
     )
@@ -1856,7 +2129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
-    unknown = args.phases - {"enqueue", "e2e", "sdk", "latency", "scheduled", "capped", "fleet"}
+    known = {"enqueue", "e2e", "sdk", "celery", "latency", "scheduled", "capped", "push", "fleet"}
+    unknown = args.phases - known
     if unknown:
         p.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     if args.runs < 1:
@@ -1886,12 +2160,16 @@ def run_phases(bench: Bench, args: argparse.Namespace, profile: bool) -> dict[st
         results["e2e_batched"] = bench.phase_e2e(True, args.runs, profile)
     if "sdk" in args.phases:
         results["sdk"] = bench.phase_sdk(args.runs)
+    if "celery" in args.phases:
+        results["celery"] = bench.phase_celery(args.runs)
     if "latency" in args.phases:
         results["latency"] = bench.phase_latency(args.runs, profile)
     if "scheduled" in args.phases:
         results["scheduled"] = bench.phase_scheduled(args.runs)
     if "capped" in args.phases:
         results["capped"] = bench.phase_capped(args.runs)
+    if "push" in args.phases:
+        results.update(bench.phase_push(args.runs))
     if "fleet" in args.phases:
         results["fleet"] = bench.phase_fleet()
     return results

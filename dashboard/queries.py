@@ -29,7 +29,8 @@ from django.db.models import Model, Q, QuerySet
 from dlq.models import DeadLetterTask
 from queues.models import Queue
 from taskforge.lib import keyset
-from tasks.models import Task, TaskStatus
+from tasks import dlqdepth
+from tasks.models import Task
 
 PAGE_SIZE = 50
 # Columns the task list shows; payload and result can be large and stay out.
@@ -181,9 +182,8 @@ def dlq_page(filters: DlqFilter, *, limit: int | None = None) -> Page:
 
 
 def dlq_depths() -> list[tuple[Queue, int]]:
-    """Every queue with its number of dead tasks: one index range count per queue
-    (task_dead_idx), bounded by the size of the DLQ, never by history."""
-    return [
-        (queue, Task.objects.filter(queue=queue, status=TaskStatus.DEAD).count())
-        for queue in Queue.objects.order_by("name")
-    ]
+    """Every queue with its number of dead tasks: the per-queue depths tasks.dlqdepth
+    keeps, a few rows each, whatever the size of the DLQ."""
+    queues = list(Queue.objects.order_by("name"))
+    depths = dlqdepth.depths(queue.pk for queue in queues)
+    return [(queue, depths[queue.pk]) for queue in queues]

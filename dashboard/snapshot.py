@@ -2,8 +2,8 @@
 
 The overview page renders it and the SSE stream sends it every ~2 s.  Cost per
 snapshot: three grouped queries for all queues (`tasks.stats.queues_stats`:
-live-status counts over task_not_done_idx, dead ones over task_dead_idx,
-last-minute outcome counts over taskevent_outcome_idx), one aggregate over the
+live-status counts over task_not_done_idx, the DLQ depths kept per queue
+(tasks.dlqdepth), last-minute outcome counts over taskevent_outcome_idx), one aggregate over the
 small workers table, and a queue list.  It is built at most about once per
 `MAX_AGE_SECONDS`, however many browsers watch and however many API processes
 serve them (`current`).
@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from dashboard import formatting as fmt
+from queues import push
 from queues.models import Queue
 from taskforge.lib.timeutil import isoformat
 from tasks.stats import queues_stats
@@ -85,6 +86,8 @@ def queue_row(queue: Queue, stats: dict[str, Any]) -> dict[str, Any]:
         "name": queue.name,
         "paused": queue.paused,
         "max_concurrency": queue.max_concurrency,
+        # Where the queue's tasks are pushed (queues.push), without user info or query.
+        "push_url": push.display_url(queue.push["url"]) if queue.push else None,
         "health": level,
         "health_label": LABELS[level],
         "reasons": reasons,

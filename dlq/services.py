@@ -128,8 +128,13 @@ def discard(queue: Queue, task_id: str, *, actor: Actor) -> None:
         NotDead: the task is not dead in this queue.
     """
     with transaction.atomic():
-        deleted, _ = _dead(queue).filter(pk=task_id).select_for_update().delete()
-        if not deleted:
+        rows = list(
+            _dead(queue)
+            .filter(pk=task_id)
+            .select_for_update()
+            .values_list("id", "queue_id", "status")
+        )
+        if not transitions.delete(rows):
             raise NotDead()
         record(actor, Action.DLQ_DISCARD, queue=queue.name, target=task_id)
 

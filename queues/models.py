@@ -1,4 +1,5 @@
-"""Queues: named lanes with their own retry budget, rate limit, concurrency cap and pause flag."""
+"""Queues: named lanes with their own retry budget, rate limit, concurrency cap,
+push target and pause flag."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ class Queue(models.Model):
         blank=True,
         validators=[MinValueValidator(1), MaxValueValidator(MAX_CONCURRENCY_LIMIT)],
     )
+    # NULL: workers pull the tasks (/workers/claim); else the push target
+    # (queues.push: {"url", "timeout_seconds", "headers"}) the push processes
+    # deliver them to, and claims skip the queue.
+    push = models.JSONField(null=True, blank=True, default=None)
     paused = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -60,3 +65,8 @@ class Queue(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def is_push(self) -> bool:
+        """Are this queue's tasks delivered by the push processes (not claimed)?"""
+        return self.push is not None

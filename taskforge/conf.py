@@ -31,6 +31,8 @@ class _Conf:
     RETENTION_SECONDS: int
     DLQ_RETENTION_SECONDS: int
     METRICS_TOKEN: str
+    PUSH_SIGNING_SECRET: str
+    PUSH_MAX_IN_FLIGHT: int
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names without a value: the annotated ones, or typos.

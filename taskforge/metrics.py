@@ -169,6 +169,29 @@ EXECUTION_DURATION = Histogram(
 )
 
 
+PUSH_REQUESTS = Counter(
+    "taskforge_push_requests_total",
+    "Push delivery requests (run_pusher), by queue and outcome: success (2xx), "
+    "http_error (another status), timeout, connection_error, tls_error.",
+    ["queue", "outcome"],
+)
+PUSH_DURATION = Histogram(
+    "taskforge_push_request_duration_seconds",
+    "Time from sending a push request to its answer (or failure), by queue.",
+    ["queue"],
+    buckets=DURATION_BUCKETS,
+)
+
+
+def on_push(queue: str, outcome: str, seconds: float) -> None:
+    """Count one push request that ended (workers.pusher); never raises."""
+    try:
+        PUSH_REQUESTS.labels(queue=queue, outcome=outcome).inc()
+        PUSH_DURATION.labels(queue=queue).observe(seconds)
+    except Exception:
+        logger.exception("metrics.count_failed", extra={"transition": "push"})
+
+
 class _Children(dict[str, Any]):
     """queue name -> the metric's child for that queue, resolved once per process.
 

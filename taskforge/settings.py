@@ -64,6 +64,10 @@ TASKFORGE_MAX_TICK_FAILURES: int = env.int("TASKFORGE_MAX_TICK_FAILURES", defaul
 TASKFORGE_RETENTION_SECONDS: int = env.int("TASKFORGE_RETENTION_SECONDS", default=604800)
 TASKFORGE_DLQ_RETENTION_SECONDS: int = env.int("TASKFORGE_DLQ_RETENTION_SECONDS", default=2592000)
 TASKFORGE_METRICS_TOKEN: str = env.str("TASKFORGE_METRICS_TOKEN", default="")
+# Push delivery (run_pusher): the key of the TaskForge-Signature header (unset: no
+# signature), and the requests one push process keeps in flight at once.
+TASKFORGE_PUSH_SIGNING_SECRET: str = env.str("TASKFORGE_PUSH_SIGNING_SECRET", default="")
+TASKFORGE_PUSH_MAX_IN_FLIGHT: int = env.int("TASKFORGE_PUSH_MAX_IN_FLIGHT", default=200)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -140,6 +144,18 @@ if DATABASE_POOL_MAX > 0:
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = 60
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# The hot statements (taskforge.lib.pg) as named prepared statements, planned once per
+# connection (a measured win: docs/operations.md). Off for a pooler in transaction mode
+# that does not carry them from one server connection to the next (pgbouncer before 1.21,
+# or without max_prepared_statements): they then run as unnamed statements.
+DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=True)
+# Where the dispatcher and the scheduler LISTEN for their wake-ups: a session of its own
+# (Postgres directly, or a pooler in session mode). Unset: on their own connection to
+# DATABASE_URL, which must then be a session (no transaction pooling).
+DATABASE_LISTEN_URL = env.str("DATABASE_LISTEN_URL", default="")
+# Django's server-side cursors (QuerySet.iterator()) live across transactions, which a
+# transaction pooler cannot follow; TaskForge reads nothing big enough to need them.
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 REDIS_URL = env("REDIS_URL")
 # Connections per process to REDIS_URL for the dispatch buffer (tasks.buffer).

@@ -94,13 +94,21 @@ class _Coalescer:
 
     def submit(self, key: str, item: Any) -> Any:
         """Queue one item and wait for its own result; raises its own error."""
+        return self.submit_nowait(key, item).result()
+
+    def submit_nowait(self, key: str, item: Any) -> Future[Any]:
+        """Queue one item; its future gets its own result or error once its batch is sent.
+
+        Raises:
+            RuntimeError: the batcher is closed.
+        """
         pending = _Pending(key, item)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
             self._pending.append(pending)
             self._lock.notify_all()
-        return pending.future.result()
+        return pending.future
 
     def close(self) -> None:
         """Send what is queued, then stop the thread."""
@@ -219,6 +227,10 @@ class AckBatcher(_Coalescer):
         """Ack one task; its own item's answer (`ok`, or the item's error code)."""
         answer: BatchResult = self.submit(self.worker_id, (task_id, attempt, result))
         return answer
+
+    def ack_nowait(self, task_id: str, attempt: int | None, result: Any) -> Future[BatchResult]:
+        """Ack one task without waiting: the future gets its item's answer."""
+        return self.submit_nowait(self.worker_id, (task_id, attempt, result))
 
     def send(self, key: str, chunk: list[_Pending]) -> None:
         # Acks repeat safely (the same attempt acked again is a success).

@@ -7,10 +7,11 @@ Examples::
     taskforge queues update emails --max-concurrency none    # none: no limit
     taskforge queues pause emails  |  taskforge queues resume emails
     taskforge enqueue emails '{"to": "a@example.com"}' --priority 1 --delay 30
-    taskforge task emails 0190...
+    taskforge task emails 0190...  |  taskforge task cancel emails 0190...
     taskforge stats emails
     taskforge dlq list emails
     taskforge dlq replay emails ID [ID ...]    |  taskforge dlq replay emails --all
+    taskforge dlq discard emails ID            # deleted for good
     taskforge schedules create reports nightly '0 3 * * *' '{"n": 1}' --timezone Europe/Paris
     taskforge schedules list reports  |  taskforge schedules show reports nightly
     taskforge schedules pause reports nightly  |  taskforge schedules resume reports nightly
@@ -54,6 +55,23 @@ def _parser() -> argparse.ArgumentParser:
             type=_int_or_none,
             help="tasks executing at once across all workers, or none",
         )
+        one.add_argument(
+            "--push-url",
+            help="POST each task to this URL instead of workers claiming it"
+            + (
+                " (replaces the whole push target; none: back to workers)"
+                if verb == "update"
+                else ""
+            ),
+        )
+        one.add_argument("--push-timeout", type=int, help="seconds the target has (default 30)")
+        one.add_argument(
+            "--push-header",
+            action="append",
+            default=[],
+            metavar="NAME:VALUE",
+            help="a header sent with every push request (repeatable)",
+        )
         if verb == "create":
             one.add_argument("--paused", action="store_true", help="create it paused")
     for verb, text in [("show", "show a queue"), ("pause", "pause a queue (admin)")]:
@@ -70,9 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--idempotency-key")
     enqueue.add_argument("--max-retries", type=int)
 
-    task = sub.add_parser("task", help="show a task")
-    task.add_argument("queue")
-    task.add_argument("id")
+    task = sub.add_parser(
+        "task",
+        help="show a task, or cancel one",
+        usage="taskforge task [show] QUEUE ID [--events]\n       taskforge task cancel QUEUE ID",
+    )
+    task.add_argument("words", nargs="+", metavar="[show|cancel] QUEUE ID")  # see _task_words
     task.add_argument("--events", action="store_true", help="also its state transitions")
 
     stats = sub.add_parser("stats", help="a queue's stats")
@@ -87,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("queue")
     replay.add_argument("ids", nargs="*")
     replay.add_argument("--all", action="store_true")
+    discard = dlq_sub.add_parser("discard", help="delete a dead task for good")
+    discard.add_argument("queue")
+    discard.add_argument("id")
 
     schedules = sub.add_parser("schedules", help="cron schedules (admin)")
     sched_sub = schedules.add_subparsers(dest="schedules_command", required=True)
@@ -133,6 +157,25 @@ def _int_or_none(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not an integer or none: {text!r}") from None
 
 
+def _task_words(args: argparse.Namespace) -> str | None:
+    """Split `task`'s words into args.action, args.queue, args.id; a usage error or None.
+
+    `task QUEUE ID` and `task show QUEUE ID` show, `task cancel QUEUE ID` cancels. Two words
+    starting with show or cancel are refused (the queue was left out, most likely): a queue
+    with one of those names is shown with `task show cancel ID`.
+    """
+    words = args.words
+    if len(words) == 3 and words[0] in ("show", "cancel"):
+        args.action, args.queue, args.id = words
+    elif len(words) == 2 and words[0] not in ("show", "cancel"):
+        args.action, (args.queue, args.id) = "show", words
+    else:
+        return "task: give QUEUE ID (or show QUEUE ID) to show a task, cancel QUEUE ID to cancel it"
+    if args.action == "cancel" and args.events:
+        return "task cancel: --events is for showing a task"
+    return None
+
+
 def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
     command = args.queues_command
     if command in (None, "list"):
@@ -143,6 +186,7 @@ def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
             max_retries=args.max_retries,
             rate_limit=None if args.rate_limit is _NONE else args.rate_limit,
             max_concurrency=None if args.max_concurrency is _NONE else args.max_concurrency,
+            push=_push(args),
             paused=True if args.paused else None,
         ).raw
     if command == "update":
@@ -151,6 +195,10 @@ def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
             value = getattr(args, name)
             if value is not None:
                 changes[name] = None if value is _NONE else value
+        if args.push_url is not None:
+            changes["push"] = None if args.push_url.lower() == "none" else _push(args)
+        elif args.push_timeout is not None or args.push_header:
+            raise ValueError("--push-timeout and --push-header need --push-url")
         return client.update_queue(args.name, max_retries=args.max_retries, **changes).raw
     if command == "show":
         return client.get_queue(args.name).raw
@@ -159,6 +207,26 @@ def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
     if command == "resume":
         return client.resume_queue(args.name).raw
     raise AssertionError(args)  # pragma: no cover
+
+
+def _push(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `push` object of --push-url, --push-timeout and --push-header (None without a URL)."""
+    if args.push_url is None:
+        if args.push_timeout is not None or args.push_header:
+            raise ValueError("--push-timeout and --push-header need --push-url")
+        return None
+    push: dict[str, Any] = {"url": args.push_url}
+    if args.push_timeout is not None:
+        push["timeout_seconds"] = args.push_timeout
+    headers = {}
+    for item in args.push_header:
+        name, sep, value = item.partition(":")
+        if not sep:
+            raise ValueError(f"--push-header {item!r}: expected NAME:VALUE")
+        headers[name.strip()] = value.strip()
+    if headers:
+        push["headers"] = headers
+    return push
 
 
 def _run_schedules(args: argparse.Namespace, client: TaskForge) -> Any:
@@ -215,6 +283,8 @@ def _run(args: argparse.Namespace, client: TaskForge) -> Any:
             idempotency_key=args.idempotency_key,
             max_retries=args.max_retries,
         ).raw
+    if args.command == "task" and args.action == "cancel":
+        return client.cancel_task(args.queue, args.id).raw
     if args.command == "task":
         out = client.get_task(args.queue, args.id).raw
         if args.events:
@@ -228,6 +298,9 @@ def _run(args: argparse.Namespace, client: TaskForge) -> Any:
         if args.all:
             return {"replayed": client.replay_all(args.queue)}
         return {"replayed": client.replay_many(args.queue, args.ids)}
+    if args.command == "dlq" and args.dlq_command == "discard":
+        client.discard(args.queue, args.id)
+        return {"discarded": True}
     if args.command == "schedules":
         return _run_schedules(args, client)
     raise AssertionError(args)  # pragma: no cover
@@ -246,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--url and --api-key (or TASKFORGE_URL and TASKFORGE_API_KEY) are required")
     if args.command == "dlq" and args.dlq_command == "replay" and bool(args.all) == bool(args.ids):
         parser.error("dlq replay: give task ids or --all (not both)")
+    if args.command == "task" and (problem := _task_words(args)):
+        parser.error(problem)
     payload = getattr(args, "payload", None)
     if payload is not None:
         try:

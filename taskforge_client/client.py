@@ -255,12 +255,15 @@ class TaskForge:
         max_retries: int | None = None,
         rate_limit: int | None = None,
         max_concurrency: int | None = None,
+        push: dict[str, Any] | None = None,
         paused: bool | None = None,
     ) -> Queue:
         """Create a queue (admin). Raises `Conflict` (`queue_exists`) when it exists.
 
         `max_concurrency`: at most this many of its tasks executing at once,
         across all workers (None: unlimited).
+        `push`: `{"url": ..., "timeout_seconds"?: 30, "headers"?: {...}}` to have
+        TaskForge POST each task to that URL instead of workers claiming it.
         """
         body: dict[str, Any] = {"name": name}
         if max_retries is not None:
@@ -269,6 +272,8 @@ class TaskForge:
             body["rate_limit"] = rate_limit
         if max_concurrency is not None:
             body["max_concurrency"] = max_concurrency
+        if push is not None:
+            body["push"] = push
         if paused is not None:
             body["paused"] = paused
         return Queue.from_dict(self.request("POST", "/queues", body))
@@ -288,10 +293,12 @@ class TaskForge:
         max_retries: int | None = None,
         rate_limit: int | None = _UNSET,
         max_concurrency: int | None = _UNSET,
+        push: dict[str, Any] | None = _UNSET,
         paused: bool | None = None,
     ) -> Queue:
         """Change a queue's settings (admin). `rate_limit=None` removes the limit,
-        `max_concurrency=None` the cap (tasks running past a lowered cap go on)."""
+        `max_concurrency=None` the cap (tasks running past a lowered cap go on),
+        `push=None` push delivery (a new `push` replaces the old one whole)."""
         body: dict[str, Any] = {}
         if max_retries is not None:
             body["max_retries"] = max_retries
@@ -299,6 +306,8 @@ class TaskForge:
             body["rate_limit"] = rate_limit
         if max_concurrency is not _UNSET:
             body["max_concurrency"] = max_concurrency
+        if push is not _UNSET:
+            body["push"] = push
         if paused is not None:
             body["paused"] = paused
         return Queue.from_dict(self.request("PATCH", f"/queues/{_q(name)}", body))

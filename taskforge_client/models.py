@@ -31,6 +31,8 @@ class Queue:
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # Last, with a default: a server before API.md v1.1 does not send it.
     max_concurrency: int | None = None
+    # None: workers claim the tasks; else {"url", "timeout_seconds", "headers"} (v1.1).
+    push: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Queue:
@@ -43,6 +45,7 @@ class Queue:
             created_at=parse_time(data.get("created_at")),
             raw=data,
             max_concurrency=data.get("max_concurrency"),
+            push=data.get("push"),
         )
 
 

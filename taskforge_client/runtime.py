@@ -32,6 +32,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -45,7 +46,7 @@ from taskforge_client.errors import (
     ServerError,
     TaskForgeError,
 )
-from taskforge_client.models import Task
+from taskforge_client.models import BatchResult, Task
 
 log = logging.getLogger("taskforge_client.worker")
 
@@ -108,6 +109,8 @@ class Worker:
         heartbeat_interval: seconds between heartbeat rounds; shortened to a third of the
             lease the server grants when that is shorter.
         wait_seconds: the claim long-poll (0..30).
+        ack_linger: how long an ack waits for others to go in the same `ack/batch` call.
+            The slot is free meanwhile: the next claim does not wait for the ack.
         client: a `TaskForge` to use instead of one built from url and api_key.
     """
 
@@ -123,6 +126,7 @@ class Worker:
         grace_seconds: float = 30.0,
         heartbeat_interval: float = 10.0,
         wait_seconds: float = 30.0,
+        ack_linger: float = 0.005,
         client: TaskForge | None = None,
     ) -> None:
         if not queues:
@@ -136,12 +140,18 @@ class Worker:
         self.grace_seconds = grace_seconds
         self.heartbeat_interval = heartbeat_interval
         self.wait_seconds = max(0.0, min(30.0, wait_seconds))
+        self.ack_linger = ack_linger
         self.client = client or TaskForge(url, api_key, maxsize=concurrency + 2)
         self._stop = threading.Event()
         self._signalled: int | None = None  # set by the signal handler, read by run()
         self._lock = threading.Lock()
         self._slots = threading.Condition(self._lock)
+        # Claimed tasks until their outcome is answered (heartbeats and the drain
+        # read it); `_busy` counts those whose handler has not returned yet: the
+        # slots.  An ack goes out without holding its slot, so the next claim
+        # overlaps it; at most `concurrency` acks are awaited at once.
         self._running: dict[str, _Running] = {}
+        self._busy = 0
         self._inbox: queue_module.Queue[_Running | None] = queue_module.Queue()
         self._threads: list[threading.Thread] = []
         self.processed = 0
@@ -175,7 +185,7 @@ class Worker:
             self.concurrency,
         )
         # Acks of tasks that finish within a few milliseconds go as one ack/batch call.
-        self._acks = AckBatcher(self.client, self.worker_id)
+        self._acks = AckBatcher(self.client, self.worker_id, linger=self.ack_linger)
         for n in range(self.concurrency):
             self._spawn(self._execute_loop, f"taskforge-exec-{n}")
         self._spawn(self._heartbeat_loop, "taskforge-heartbeat")
@@ -206,9 +216,9 @@ class Worker:
         failures = 0
         while not self._stop.is_set():
             with self._slots:
-                while len(self._running) >= self.concurrency and not self._stop.is_set():
+                while self._free() <= 0 and not self._stop.is_set():
                     self._slots.wait(1.0)
-                free = self.concurrency - len(self._running)
+                free = self._free()
             if self._stop.is_set():
                 return
             try:
@@ -242,25 +252,40 @@ class Worker:
                 run = _Running(task, time.monotonic(), lease_seconds=_lease_seconds(task))
                 with self._lock:
                     self._running[task.id] = run
+                    self._busy += 1
                 log.info(
                     "claimed task %s (queue %s, attempt %d)", task.id, task.queue, task.attempts
                 )
                 self._inbox.put(run)
+
+    def _free(self) -> int:
+        """Slots to claim for (caller holds the lock)."""
+        return min(self.concurrency - self._busy, 2 * self.concurrency - len(self._running))
 
     def _execute_loop(self) -> None:
         while True:
             run = self._inbox.get()
             if run is None:
                 return
+            acking = False
             try:
-                self._execute(run)
+                acking = self._execute(run)
             finally:
                 with self._slots:
-                    self._running.pop(run.task.id, None)
+                    self._busy -= 1
                     self._slots.notify_all()
-                run.reported.set()
+                if not acking:
+                    self._finished(run)
 
-    def _execute(self, run: _Running) -> None:
+    def _finished(self, run: _Running) -> None:
+        """The task's outcome is answered (or given up): it leaves the worker."""
+        with self._slots:
+            self._running.pop(run.task.id, None)
+            self._slots.notify_all()
+        run.reported.set()
+
+    def _execute(self, run: _Running) -> bool:
+        """Run the handler and report its outcome; True when an ack is on its way."""
         task = run.task
         try:
             result = self.handler(task)
@@ -278,7 +303,8 @@ class Worker:
             self._nack(run, _error_text(exc))
         else:
             run.finishing = True
-            self._ack(run, result)
+            return self._ack(run, result)
+        return False
 
     def _report(self, run: _Running, what: str, call: Callable[[], Any]) -> bool:
         """Send a nack, retrying network errors for up to a minute (`through_outages`)."""
@@ -296,17 +322,34 @@ class Worker:
             log.error("task %s: %s refused: %s", task_id, what, exc)
         return False
 
-    def _ack(self, run: _Running, result: Any) -> None:
-        """Ack through the batcher (retried through network trouble for a minute)."""
+    def _ack(self, run: _Running, result: Any) -> bool:
+        """Hand the ack to the batcher (retried through network trouble for a minute)
+        without waiting for it; True when it was handed over (`_acked` finishes it)."""
         task = run.task
         if run.lost:
             log.warning("task %s: lease given up; ack not sent", task.id)
-            return
+            return False
         try:
-            answer = self._acks.ack(task.id, task.attempts, result)
+            future = self._acks.ack_nowait(task.id, task.attempts, result)
+        except RuntimeError:  # the batcher closed: the worker is stopping
+            log.error("task %s: ack not sent (worker stopped)", task.id)
+            return False
+        future.add_done_callback(lambda done: self._acked(run, done))
+        return True
+
+    def _acked(self, run: _Running, done: Future[BatchResult]) -> None:
+        task = run.task
+        try:
+            answer = done.result()
         except TaskForgeError as exc:
             log.error("task %s: ack not delivered (%s); giving up", task.id, exc)
+            self._finished(run)
             return
+        except BaseException:
+            log.exception("task %s: ack failed", task.id)
+            self._finished(run)
+            return
+        self._finished(run)
         if answer.ok:
             self.processed += 1
             log.info("task %s done in %.3fs", task.id, time.monotonic() - run.started)
@@ -393,7 +436,8 @@ class Worker:
         with self._slots:
             while self._running and time.monotonic() < deadline:
                 self._slots.wait(max(0.01, min(0.5, deadline - time.monotonic())))
-            left = [r for r in self._running.values() if not r.reported.is_set()]
+            # Handlers still running (an ack already on its way is the batcher's).
+            left = [r for r in self._running.values() if not r.finishing]
         for run in left:
             log.warning(
                 "task %s still running after %.1fs grace; nacking", run.task.id, self.grace_seconds

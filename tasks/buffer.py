@@ -24,7 +24,7 @@ one slot, and each script, pipeline and multi-key command touches one slot
 per task, `tf:{<task-id>}:hb`, a capped list of its recent heartbeat times
 (a diagnostic for the dashboard, see `workers.heartbeats`),
 
-and one pub/sub channel, `tf:wake`, on which the dispatcher names the queues
+and one pub/sub channel, `tf:wake:<db>`, on which the dispatcher names the queues
 it just filled (and a release names the queue it freed a slot of) so
 waiting long polls try again at once: `<queue-id>:<n>` when n tasks (or
 slots) arrived, which wakes about n waiting claims of each API process
@@ -51,9 +51,13 @@ from typing import cast
 from django.conf import settings
 from redis.cluster import RedisCluster
 
-from taskforge.lib.redisconn import Client, connect
+from taskforge.lib.redisconn import Client, channel, connect
 
-WAKE_CHANNEL = "tf:wake"
+
+def wake_channel() -> str:
+    """Where wake-ups are published: `tf:wake:<db>` (channels are server-wide)."""
+    return channel("tf:wake", settings.REDIS_URL)
+
 
 # priority (1..10) * 1e13 + scheduled_at in ms (~1.8e12 today, < 1e13 until
 # year 2286): exact in a double, and orders by priority, then time.
@@ -285,13 +289,13 @@ class Buffer:
             # A cluster pipeline refuses PUBLISH (it names no key): two round
             # trips, the set first so a woken claim finds the tasks.
             added = cast(int, self.client.zadd(ready_key(queue_id), mapping, nx=True))
-            self.client.publish(WAKE_CHANNEL, f"{queue_id}:{len(mapping)}")
+            self.client.publish(wake_channel(), f"{queue_id}:{len(mapping)}")
             return added
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(ready_key(queue_id), mapping, nx=True)
         # As many claims as tasks, not every waiting one: a fleet of 1,000
         # idle workers woken for each task was a burst of 1,000 claims.
-        pipe.publish(WAKE_CHANNEL, f"{queue_id}:{len(mapping)}")
+        pipe.publish(wake_channel(), f"{queue_id}:{len(mapping)}")
         added, _ = pipe.execute()
         return int(added)
 
@@ -326,7 +330,7 @@ class Buffer:
         return int(
             self._release(
                 keys=[running_key(queue_id)],
-                args=[max_concurrency or 0, WAKE_CHANNEL, str(queue_id), *task_ids],
+                args=[max_concurrency or 0, wake_channel(), str(queue_id), *task_ids],
             )
         )
 
@@ -425,7 +429,7 @@ class Buffer:
         """Tell waiting long polls that these queues have work."""
         names = ",".join(str(q) for q in queue_ids)
         if names:
-            self.client.publish(WAKE_CHANNEL, names)
+            self.client.publish(wake_channel(), names)
 
     def forget_queue(self, queue_id: uuid.UUID | str) -> None:
         self.client.delete(

@@ -26,11 +26,12 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from django.db import connection, transaction
+from django.db import transaction
 
 from queues.models import Queue
 from queues.notify import DISPATCH_CHANNEL
 from taskforge.conf import conf
+from taskforge.lib.listen import Listener
 from taskforge.lib.loop import SLEEP_SLICE, Loop
 from taskforge.lib.redisconn import REDIS_FAILURES
 from tasks import transitions
@@ -53,7 +54,7 @@ class DispatcherLoop(Loop):
 
     def __init__(self) -> None:
         super().__init__()
-        self._listening_on: object = None
+        self._listener = Listener(DISPATCH_CHANNEL, f"taskforge-{self.name}")
         self._woken: set[str] = set()  # queue ids named by NOTIFY since the last tick
         self._more: set[str] = set()  # queue ids whose last batch was full
         self._full: set[str] = set()  # queue ids whose buffer is full (a backlog waits)
@@ -186,15 +187,8 @@ class DispatcherLoop(Loop):
                     return
         except Exception:
             # The connection broke; the next tick reconnects. Sleep the rest.
-            connection.close()
-            self._listening_on = None
+            self._listener.reset()
             super().wait(max(0.0, deadline - time.monotonic()))
 
     def _listen(self) -> psycopg.Connection[Any]:
-        connection.ensure_connection()
-        pg: psycopg.Connection[Any] = connection.connection
-        if self._listening_on is not pg:
-            with connection.cursor() as cursor:
-                cursor.execute(f"LISTEN {DISPATCH_CHANNEL}")
-            self._listening_on = pg
-        return pg
+        return self._listener.connection()

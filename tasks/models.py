@@ -18,7 +18,15 @@ from taskforge.lib.ids import uuid7
 from tasks import lifecycle
 from tasks.lifecycle import TaskStatus
 
-__all__ = ["Schedule", "Task", "TaskEvent", "TaskStatus", "lease_ends_at", "lease_timeout"]
+__all__ = [
+    "DeadCount",
+    "Schedule",
+    "Task",
+    "TaskEvent",
+    "TaskStatus",
+    "lease_ends_at",
+    "lease_timeout",
+]
 
 
 def lease_timeout() -> timedelta:
@@ -197,8 +205,10 @@ class TaskEvent(models.Model):
 
     class Meta:
         indexes = [
-            # /tasks/:id/events, oldest first.
-            models.Index(fields=["task", "id"], name="taskevent_task_idx"),
+            # /tasks/:id/events (a task's few events, sorted after the scan). On the
+            # task alone so that B-tree deduplication keeps one entry per task for
+            # its events: a third of the size of (task, id) (docs/operations.md).
+            models.Index(fields=["task"], name="taskevent_by_task_idx"),
             # Stats: acks and failed attempts per queue over the last minute;
             # only the outcomes of attempts (one event of a task's four).
             models.Index(
@@ -210,6 +220,32 @@ class TaskEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}: {self.from_status} -> {self.to_status}"
+
+
+class DeadCount(models.Model):
+    """A change of a queue's DLQ depth: the depth is the sum of the queue's rows.
+
+    Written in the transaction of each move into or out of `dead` and of each
+    delete of dead tasks (`tasks.transitions`), folded and checked by
+    `tasks.dlqdepth`.  Insert-only: no counter row for writers to wait on.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # No constraint in the database, like TaskEvent's: the rows are written
+    # beside their tasks' own moves; deleting a queue deletes its rows (Django's).
+    queue = models.ForeignKey(
+        Queue, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False
+    )
+    dead = models.BigIntegerField()  # +n, or -n
+
+    class Meta:
+        indexes = [
+            # A depth: the queue's few rows, summed from the index.
+            models.Index(fields=["queue"], include=["dead"], name="deadcount_queue_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id}: {self.dead:+d}"
 
 
 class Schedule(models.Model):

@@ -22,6 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from taskforge.conf import conf
+from tasks import transitions
 from tasks.models import Task, TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -53,14 +54,11 @@ def delete_expired(*, now: datetime | None = None, max_batches: int = 20) -> int
 
 def _delete_batch(statuses: tuple[str, ...], cutoff: datetime) -> int:
     with transaction.atomic():
-        ids = list(
+        rows = list(
             Task.objects.filter(status__in=statuses, finished_at__lt=cutoff)
             .order_by("finished_at")
             .select_for_update(skip_locked=True)
-            .values_list("id", flat=True)[:BATCH]
+            .values_list("id", "queue_id", "status")[:BATCH]
         )
-        if not ids:
-            return 0
-        # The events and a dead task's DLQ entry go with it (their foreign keys cascade).
-        Task.objects.filter(pk__in=ids).delete()
-    return len(ids)
+        # The events and a dead task's DLQ entry go with it, and it leaves the DLQ depth.
+        return transitions.delete(rows)

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from queues.notify import SCHEDULER_CHANNEL, wake_dispatchers
 from taskforge.conf import conf
+from taskforge.lib.listen import Listener
 from taskforge.lib.loop import SLEEP_SLICE, Loop
 from tasks import schedules, sql, transitions
 from tasks.models import Task, TaskStatus
@@ -47,7 +48,7 @@ class SchedulerLoop(Loop):
         self._checked_until: datetime | None = None
         # The earliest known time something comes due; None: look at the tick.
         self._next_due: datetime | None = None
-        self._listening_on: object = None
+        self._listener = Listener(SCHEDULER_CHANNEL, f"taskforge-{self.name}")
         # The earliest time a NOTIFY named that had already passed when it came.
         self._late_since: datetime | None = None
 
@@ -57,7 +58,7 @@ class SchedulerLoop(Loop):
 
     def tick(self) -> bool:
         """Do whatever is due; True when a batch was full (go again at once)."""
-        self._listen()  # before looking, so a NOTIFY sent meanwhile is not missed
+        self._listener.ensure()  # before looking, so a NOTIFY sent meanwhile is not missed
         now = timezone.now()
         due = self.next_due(now)
         retry_at, delayed_at, schedule_at = due
@@ -147,8 +148,7 @@ class SchedulerLoop(Loop):
                         deadline = min(deadline, self._on_notice(notice.payload))
         except Exception:
             # The connection broke; the next tick reconnects. Sleep the rest.
-            connection.close()
-            self._listening_on = None
+            self._listener.reset()
             super().wait(max(0.0, deadline - time.monotonic()))
 
     def _on_notice(self, payload: str) -> float:
@@ -165,10 +165,4 @@ class SchedulerLoop(Loop):
         return time.monotonic() + max(0.0, left)
 
     def _listen(self) -> psycopg.Connection[Any]:
-        connection.ensure_connection()
-        pg: psycopg.Connection[Any] = connection.connection
-        if self._listening_on is not pg:
-            with connection.cursor() as cursor:
-                cursor.execute(f"LISTEN {SCHEDULER_CHANNEL}")
-            self._listening_on = pg
-        return pg
+        return self._listener.connection()

@@ -154,7 +154,9 @@ ORDER BY priority, scheduled_at, id
 # longer `claimed` (cancelled, or handed out through a duplicate buffer
 # entry) are skipped: the status guard is the fence; so are ids of a queue
 # paused meanwhile (the claim puts those back).  Params: ids (uuid[]),
-# worker_id, key_id (the claiming API key's pk, or NULL), now.
+# worker_id, key_id (the claiming API key's pk, or NULL), now, lease_from
+# (the lease runs the heartbeat timeout from then: `now` for a claim, later
+# for a push process, which does not heartbeat).
 HAND_OUT = Statement(
     "hand_out",
     frozenset({("claimed", "executing")}),
@@ -172,7 +174,7 @@ WITH cur AS (
     UPDATE tasks_task t
     SET status = 'executing', attempts = t.attempts + 1, claimed_by = %(worker_id)s,
         claimed_key_id = %(key_id)s,
-        claimed_at = %(now)s, heartbeat_at = %(now)s, updated_at = %(now)s,
+        claimed_at = %(now)s, heartbeat_at = %(lease_from)s, updated_at = %(now)s,
         status_changed_at = %(now)s
     FROM cur
     WHERE t.id = cur.id AND {by_id_with_status("t", "claimed")}

@@ -11,6 +11,7 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from queues.models import Queue
+from tasks import dlqdepth
 from tasks.lifecycle import IN_PROGRESS
 from tasks.models import Task, TaskEvent, TaskStatus
 
@@ -30,10 +31,11 @@ def queues_stats(
 
     Counts run over task_not_done_idx (the statuses on their way, never the
     done/cancelled history; status and scheduled_at are in the index, so
-    Postgres can answer from it alone), the dead ones over the narrow
-    task_dead_idx (the DLQ keeps them for its own retention); acks and failed attempts over
+    Postgres can answer from it alone); the DLQ depth is the sum of a few
+    rows per queue (tasks.dlqdepth), not a count of the dead tasks (the DLQ
+    keeps them for its own retention); acks and failed attempts over
     taskevent_outcome_idx (outcomes of attempts only) for the last 60 s.  The
-    cost grows with the live backlog, not with history.
+    cost grows with the live backlog, not with history or the DLQ.
     """
     now = now or timezone.now()
     ids = [queue.id for queue in queues]
@@ -52,15 +54,9 @@ def queues_stats(
         )
         .order_by()
     }
-    dead = dict(
-        Task.objects.filter(queue_id__in=ids, status=S.DEAD)
-        .values("queue_id")
-        .annotate(dead=Count("queue_id"))
-        .order_by()
-        .values_list("queue_id", "dead")
-    )
-    for queue_id, count in dead.items():
-        depths.setdefault(queue_id, {})["dead"] = count
+    for queue_id, count in dlqdepth.depths(ids).items():
+        if count:
+            depths.setdefault(queue_id, {})["dead"] = count
     attempts = {
         row["queue_id"]: _without_queue_id(row)
         for row in TaskEvent.objects.filter(

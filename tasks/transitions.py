@@ -13,12 +13,15 @@ Either way one JSON line per task is logged once the transaction commits.
 Nothing else in TaskForge writes `Task.status` (a test walks the tree).
 
 Apps above `tasks` keep their own records of a move through `tasks.signals`
-(the dead-letter queue's entries), sent inside the mover's transaction.
+(the dead-letter queue's entries), sent inside the mover's transaction.  The
+DLQ depth of each queue (`tasks.dlqdepth`) is kept here, in the transaction
+of each move into or out of `dead` and of each delete of dead tasks (`delete`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -34,9 +37,9 @@ from taskforge import metrics
 from taskforge.lib import internals, jsonutil, pg
 from taskforge.lib.ids import uuid7
 from taskforge.lib.logging import JSON_LINES
-from tasks import concurrency, signals, sql
+from tasks import concurrency, dlqdepth, signals, sql
 from tasks.exceptions import InvalidTransition
-from tasks.lifecycle import Edge
+from tasks.lifecycle import FINISHED, Edge
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.retry import next_attempt_at
 
@@ -227,10 +230,13 @@ def hand_out(
     key_id: int | None = None,
     queues: dict[Any, Queue] | None = None,
     now: datetime | None = None,
+    lease_grace: timedelta | None = None,
 ) -> list[Task]:
     """claimed -> executing for buffered ids a claim popped, in one statement.
 
-    The attempt counts up and the lease starts now.  Ids that are no longer
+    The attempt counts up and the lease starts now, or `lease_grace` later
+    (a push process: its request may take that long, and it does not
+    heartbeat; `heartbeat_at` is then in the future).  Ids that are no longer
     `claimed` are skipped (the status guard is the fence against duplicates
     in the buffer), and so are ids of a paused queue.  Returns the handed-out
     tasks in the order of `ids`.  The lease is held by `worker_id` with the
@@ -240,7 +246,13 @@ def hand_out(
     if not ids:
         return []
     now = now or timezone.now()
-    params = {"ids": list(ids), "worker_id": worker_id, "key_id": key_id, "now": now}
+    params = {
+        "ids": list(ids),
+        "worker_id": worker_id,
+        "key_id": key_id,
+        "now": now,
+        "lease_from": now + lease_grace if lease_grace else now,
+    }
     moved = _run(sql.HAND_OUT.text, params, queues)
     order = {str(task_id): index for index, task_id in enumerate(ids)}
     moved.sort(key=lambda task: order[str(task.pk)])
@@ -314,6 +326,7 @@ def fail(
             changes={"last_error": error, "finished_at": now},
         )
         signals.dead_lettered.send(sender=Task, tasks=[task], error=error, now=now)
+        dlqdepth.record({task.queue_id: 1})
         concurrency.release_on_commit([task])
         return
     if retry_after_seconds is not None:
@@ -375,6 +388,29 @@ def replay(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
         changes={"attempts": 0, "finished_at": None, "scheduled_at": now},
     )
     signals.replayed.send(sender=Task, tasks=tasks, now=now)
+    dlqdepth.record({queue_id: -n for queue_id, n in Counter(t.queue_id for t in tasks).items()})
+
+
+def delete(tasks: Sequence[tuple[Any, Any, str]]) -> int:
+    """Delete finished tasks for good, given `(id, queue_id, status)` of rows the caller holds
+    locked inside `atomic()`; returns how many.
+
+    A move out of the lifecycle, not along it: done, cancelled or dead tasks
+    only, each with its events and DLQ entry (their foreign keys cascade).
+    Dead ones leave their queue's DLQ depth in the same transaction.
+
+    Raises:
+        InvalidTransition: a task is still on its way; nothing is deleted.
+    """
+    if not tasks:
+        return 0
+    for task_id, _, status in tasks:
+        if status not in (*FINISHED, S.DEAD):
+            raise InvalidTransition(f"Task {task_id} is {status}; it cannot be deleted.")
+    Task.objects.filter(pk__in=[task_id for task_id, _, _ in tasks]).delete()
+    dead = Counter(queue_id for _, queue_id, status in tasks if status == S.DEAD)
+    dlqdepth.record({queue_id: -n for queue_id, n in dead.items()})
+    return len({task_id for task_id, _, _ in tasks})
 
 
 def _move(

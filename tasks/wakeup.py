@@ -2,7 +2,7 @@
 
 A claim that found nothing registers interest in its queues and waits on an
 Event.  The dispatcher publishes the ids of queues it just filled on
-`tf:wake`; this process's listener thread sets the Events of every waiter on
+`tf:wake:<db>`; this process's listener thread sets the Events of every waiter on
 those queues, so a waiting claim tries again within milliseconds without
 polling Postgres.  While the listener is subscribed (`listening()`), a
 waiter that was not woken looks again only every few seconds (a message
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from taskforge.lib.redisconn import subscriber
-from tasks.buffer import WAKE_CHANNEL, get_client
+from tasks.buffer import get_client, wake_channel
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class Waiters:
             pubsub = None
             try:
                 pubsub = subscriber(get_client())
-                pubsub.subscribe(WAKE_CHANNEL)
+                pubsub.subscribe(wake_channel())
                 self._subscribed = True
                 while True:
                     message = pubsub.get_message(timeout=5.0)

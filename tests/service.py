@@ -1,8 +1,9 @@
 """The whole TaskForge service as real OS processes, for end-to-end fault tests.
 
 `Service` starts the API (`run_api`) and the three loops (`run_dispatcher`,
-`run_scheduler`, `run_watchdog`) as child processes of the test, each in its
-own process group, against the database and Redis given in its environment.
+`run_scheduler`, `run_watchdog`; `extra_loops=("pusher",)` adds `run_pusher`)
+as child processes of the test, each in its own process group, against the
+database and Redis given in its environment.
 It can SIGKILL, SIGTERM and restart any one of them, waits for `/readyz` and
 for each loop's `loop.started` line, keeps each process's stderr in a file
 (one per start: `dispatcher.1.log`, `dispatcher.2.log`, ...) and always stops
@@ -89,7 +90,9 @@ class Proc:
 class Service:
     """The API (run_api) + the three loops, as child processes."""
 
-    def __init__(self, workdir: Path, env: Mapping[str, str]) -> None:
+    def __init__(
+        self, workdir: Path, env: Mapping[str, str], *, extra_loops: tuple[str, ...] = ()
+    ) -> None:
         self.workdir = workdir
         self.port = free_port()
         self.env = {
@@ -103,7 +106,10 @@ class Service:
         self.killed_at_stop: list[str] = []
         self.procs: dict[str, Proc] = {
             API: Proc(API, [python, "manage.py", "run_api"]),
-            **{name: Proc(name, [python, "manage.py", f"run_{name}"]) for name in LOOPS},
+            **{
+                name: Proc(name, [python, "manage.py", f"run_{name}"])
+                for name in LOOPS + extra_loops
+            },
         }
 
     @property

@@ -414,6 +414,7 @@ def test_createqueue__prints_the_queue_as_json() -> None:
         "max_retries": 5,
         "rate_limit": 20,
         "max_concurrency": 7,
+        "push": None,
         "paused": False,
         "created_at": printed["created_at"],
     }

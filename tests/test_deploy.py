@@ -27,12 +27,13 @@ COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 BUILD_SCRIPT = ROOT / "deploy" / "build.sh"
 
-APP_SERVICES = {"api", "dispatcher", "scheduler", "watchdog"}
+APP_SERVICES = {"api", "dispatcher", "scheduler", "watchdog", "pusher"}
 ALL_SERVICES = APP_SERVICES | {"postgres", "redis", "migrate"}
 LOOP_COMMANDS = {
     "dispatcher": "run_dispatcher",
     "scheduler": "run_scheduler",
     "watchdog": "run_watchdog",
+    "pusher": "run_pusher",
 }
 
 

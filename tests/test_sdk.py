@@ -182,6 +182,23 @@ def test_client_round_trip(admin: TaskForge, producer: TaskForge, keys: Keys, se
     assert admin.update_queue(name, max_concurrency=None).max_concurrency is None
     capped = admin.create_queue(qname(), max_concurrency=7, rate_limit=5)
     assert (capped.max_concurrency, capped.rate_limit) == (7, 5)
+    hook = {"url": "https://hooks.example.com/t", "headers": {"Authorization": "Bearer x"}}
+    pushed = admin.create_queue(qname(), push=hook)
+    assert pushed.push == {**hook, "timeout_seconds": 30}
+    assert producer.get_queue(pushed.name).push == {
+        "url": hook["url"],
+        "timeout_seconds": 30,
+        "headers": {"Authorization": "[redacted]"},
+    }
+    assert admin.update_queue(pushed.name, push={"url": "http://b.example/"}).push == {
+        "url": "http://b.example/",
+        "timeout_seconds": 30,
+        "headers": {},
+    }
+    assert admin.update_queue(pushed.name, max_retries=1).push is not None  # left as it was
+    assert admin.update_queue(pushed.name, push=None).push is None
+    with pytest.raises(Invalid):
+        admin.create_queue(qname(), push={"url": "ftp://x"})
 
     # Enqueue: single, with a key (idempotent), delay, at, batch.
     task = producer.enqueue(name, {"n": 1}, priority=2)
@@ -342,6 +359,80 @@ def test_cli__queues(keys: Keys, service: Service, capsys: pytest.CaptureFixture
     assert json.loads(capsys.readouterr().err)["error"]["code"] == "queue_exists"
     assert cli_main([*base, "update", name, "--max-concurrency", "0"]) == 1
     assert json.loads(capsys.readouterr().err)["error"]["fields"].keys() == {"max_concurrency"}
+
+
+def test_cli__push_queues(keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]) -> None:
+    name = qname()
+    base = ["--url", service.base_url, "--api-key", keys.admin, "queues"]
+    hook = "https://hooks.example.com/t"
+    argv = [*base, "create", name, "--push-url", hook, "--push-timeout", "5"]
+    assert cli_main([*argv, "--push-header", "Authorization: Bearer x"]) == 0
+    assert json.loads(capsys.readouterr().out)["push"] == {
+        "url": hook,
+        "timeout_seconds": 5,
+        "headers": {"Authorization": "Bearer x"},
+    }
+    assert cli_main([*base, "update", name, "--push-url", "http://b.example/"]) == 0
+    assert json.loads(capsys.readouterr().out)["push"] == {
+        "url": "http://b.example/",
+        "timeout_seconds": 30,
+        "headers": {},
+    }
+    assert cli_main([*base, "update", name, "--push-url", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["push"] is None
+    assert cli_main([*base, "update", name, "--push-url", "ftp://x"]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["fields"].keys() == {"push"}
+    with pytest.raises(SystemExit) as usage:
+        cli_main([*base, "update", name, "--push-timeout", "5"])
+    assert usage.value.code == 2
+
+
+def test_cli__task_cancel_and_dlq_discard(
+    admin: TaskForge,
+    producer: TaskForge,
+    keys: Keys,
+    service: Service,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    name = qname()
+    admin.create_queue(name, max_retries=0)
+    base = ["--url", service.base_url, "--api-key", keys.producer]
+    later = producer.enqueue(name, {"n": 1}, delay=3600)
+    assert cli_main([*base, "task", "cancel", name, later.id]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
+    assert cli_main([*base, "task", "show", name, later.id]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
+    assert cli_main([*base, "task", "cancel", name, later.id]) == 1  # cancelled already
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "invalid_state"
+    assert cli_main([*base, "task", "cancel", name, str(uuid.uuid4())]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+    # Usage errors exit 2 before any request: the queue left out, --events with cancel.
+    for words in (["cancel", later.id], ["cancel", name, later.id, "--events"], [name]):
+        with pytest.raises(SystemExit) as usage:
+            cli_main([*base, "task", *words])
+        assert usage.value.code == 2
+    capsys.readouterr()
+
+    # A dead task: discarded for good; a second discard, or a live task, is not_found.
+    dead = producer.enqueue(name, {"die": True})
+    with TaskForge(service.base_url, keys.worker) as worker:
+        wait_for(lambda: worker.claim("w-cli", [name], wait_seconds=2), 10, "a claim")
+        assert worker.nack("w-cli", dead.id, "no", attempt=1).status == "dead"
+    live = producer.enqueue(name, {"n": 2}, delay=3600)
+    base = ["--url", service.base_url, "--api-key", keys.admin]
+    assert cli_main([*base, "dlq", "discard", name, live.id]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+    assert cli_main([*base, "dlq", "discard", name, dead.id]) == 0
+    assert json.loads(capsys.readouterr().out) == {"discarded": True}
+    assert admin.dlq(name) == []
+    assert cli_main([*base, "task", name, dead.id]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+    assert cli_main([*base, "dlq", "discard", name, dead.id]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "not_found"
+    # Discarding is an admin's: a producer key gets forbidden.
+    producer_base = ["--url", service.base_url, "--api-key", keys.producer]
+    assert cli_main([*producer_base, "dlq", "discard", name, live.id]) == 1
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "forbidden"
 
 
 def test_cli(admin: TaskForge, keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]):
@@ -725,6 +816,27 @@ def test_worker__acks_through_ack_batch(
     assert all(t.status == "done" for t in producer.list_tasks(name))
     assert _api_requests(service, "/workers/ack") == singles_before
     assert _api_requests(service, "/workers/ack/batch") > batches_before
+
+
+def test_worker__claims_again_while_an_ack_is_on_its_way(
+    admin: TaskForge, producer: TaskForge, keys: Keys, service: Service
+) -> None:
+    """A slot frees when its handler returns: with one slot and acks that wait 0.5 s for
+    company, the next task is handed out before the previous one is acked."""
+    name = qname()
+    admin.create_queue(name)
+    first, second = producer.enqueue_many(name, [TaskSpec({"n": 1}), TaskSpec({"n": 2})])
+    with running_worker(
+        service, keys.worker, name, sdk_handlers.double, concurrency=1, ack_linger=0.5
+    ) as w:
+        wait_for(lambda: w.processed == 2, 30, "2 tasks acked")
+    events = {
+        task.id: {e.to_status: e.at for e in producer.task_events(name, task.id) if e.at}
+        for task in (first, second)
+    }
+    handed = sorted(events.values(), key=lambda moves: moves["executing"])
+    assert handed[1]["executing"] < handed[0]["done"]
+    assert all(t.status == "done" for t in producer.list_tasks(name))
 
 
 def test_worker__signal_handler_takes_no_lock(service: Service, keys: Keys) -> None:

@@ -1,6 +1,7 @@
 """The worker protocol: claim, heartbeat, ack and nack (API.md, "Workers").
 
-A claim pops ids from each queue's Redis buffer with one Lua script per queue
+A claim (and a push process, `workers.pusher`, through `take`) pops ids from
+each queue's Redis buffer with one Lua script per queue
 (concurrency cap, token bucket and pop, atomically), then turns them
 `executing` with one conditional UPDATE (`transitions.hand_out`).  Ids popped
 but not handed out give their concurrency slots back (`tasks.concurrency`);
@@ -24,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
@@ -34,6 +35,7 @@ from django.utils import timezone
 from queues import lookup
 from queues.exceptions import UnknownQueue
 from queues.models import Queue
+from queues.push import target_of as push_target_of
 from taskforge.api import revocation
 from taskforge.lib import jsonutil, stopping
 from tasks import concurrency, transitions
@@ -119,7 +121,13 @@ def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> l
     ):
         while True:
             wake.clear()
-            tasks, retry_in = _claim_once(request, queues, paused)
+            tasks, retry_in = take(
+                queues,
+                max_tasks=request.max_tasks,
+                worker_id=request.worker_id,
+                key_id=request.key_id,
+                paused=paused,
+            )
             looked = time.monotonic()
             if tasks or deadline - looked <= 0:
                 return tasks
@@ -141,29 +149,42 @@ def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> l
                     or time.monotonic() - looked >= QUIET_LOOK_SECONDS
                 ):
                     break
-            # A pause is enforced by the hand-out itself; re-read only to see
-            # a paused queue resume.
-            if paused:
-                queues = _refresh(queues)
-                paused = {queue.id for queue in queues if queue.paused}
+            # A pause is enforced by the hand-out itself; re-read at once only to
+            # see a paused queue resume.  Otherwise the rows remembered for a
+            # second (queues.lookup) do: a queue given a push target meanwhile is
+            # skipped from then on.
+            queues = _refresh(queues, fresh=bool(paused))
+            paused = {queue.id for queue in queues if queue.paused}
 
 
-def _claim_once(
-    request: ClaimRequest, queues: list[Queue], paused: set[Any]
+def take(
+    queues: Sequence[Queue],
+    *,
+    max_tasks: int,
+    worker_id: str,
+    key_id: int | None = None,
+    paused: set[Any] | None = None,
+    push: bool = False,
 ) -> tuple[list[Task], float]:
     """One pass over the queues in order; returns the tasks and a rate-limit hint (s).
 
-    Adds to `paused` the queues it finds paused meanwhile.
+    Hands out up to `max_tasks` to `worker_id` (with the key `key_id`).  A
+    claim (`push` False) skips push queues as if they were empty; a push
+    process (`push` True) takes from push queues only, and its lease runs
+    the target's timeout longer (it does not heartbeat).  Adds to `paused`
+    the queues it finds paused meanwhile.
     """
     buffer = get_buffer()
     by_id = {queue.id: queue for queue in queues}
     handed: list[Task] = []
     retry_in = 0.0
+    paused = set() if paused is None else paused
     for queue in queues:
-        if queue.id in paused:
+        if queue.id in paused or queue.is_push != push:
             continue
+        grace = _push_grace(queue) if push else None
         for _ in range(_POP_ROUNDS):
-            want = request.max_tasks - len(handed)
+            want = max_tasks - len(handed)
             if want <= 0:
                 return handed, 0.0
             taken = buffer.take(queue.id, want, queue.rate_limit, queue.max_concurrency)
@@ -180,10 +201,11 @@ def _claim_once(
             try:
                 moved = transitions.hand_out(
                     taken.ids,
-                    worker_id=request.worker_id,
-                    key_id=request.key_id,
+                    worker_id=worker_id,
+                    key_id=key_id,
                     queues=by_id,
                     now=timezone.now(),
+                    lease_grace=grace,
                 )
             except Exception:
                 # Postgres failed after the pop: put the ids back (they are
@@ -209,6 +231,12 @@ def _claim_once(
     return handed, retry_in
 
 
+def _push_grace(queue: Queue) -> timedelta:
+    """How much longer than a worker's a push process's lease lasts (API.md)."""
+    target = push_target_of(queue.push)
+    return timedelta(seconds=target.timeout_seconds if target else 0)
+
+
 def _release_connection() -> None:
     """Give the DB connection back to the pool while waiting (threads share few)."""
     # `pool` is the Postgres backend's (psycopg's pool), which the stubs do not list.
@@ -230,9 +258,9 @@ def _put_back(queue: Queue, ids: Sequence[str]) -> int:
     return len(items)
 
 
-def _refresh(queues: list[Queue]) -> list[Queue]:
-    fresh = lookup.by_ids([queue.id for queue in queues], fresh=True)
-    return [fresh[queue.id] for queue in queues if queue.id in fresh]
+def _refresh(queues: list[Queue], *, fresh: bool) -> list[Queue]:
+    found = lookup.by_ids([queue.id for queue in queues], fresh=fresh)
+    return [found[queue.id] for queue in queues if queue.id in found]
 
 
 S = TaskStatus

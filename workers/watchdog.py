@@ -10,6 +10,9 @@
 - Workers not seen for a day are forgotten (GET /workers shows the last hour).
 - Finished tasks past their retention are deleted (tasks.retention), with the
   lease check.
+- Each tick, the DLQ depth rows of each queue are folded into one; every
+  tasks.dlqdepth.RECONCILE_SECONDS (and at start) the depths are checked
+  against the dead tasks themselves (tasks.dlqdepth).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from django.utils import timezone
 
 from taskforge.conf import conf
 from taskforge.lib.loop import Loop
-from tasks import concurrency, retention, transitions
+from tasks import concurrency, dlqdepth, retention, transitions
 from tasks.models import Task
 from tasks.reconcile import rebuffer_missing
 from workers.models import Worker
@@ -40,6 +43,7 @@ class WatchdogLoop(Loop):
         super().__init__()
         self._next_lease_check = 0.0
         self._retention_due = False
+        self._next_depth_check = 0.0
 
     @property
     def interval(self) -> float:
@@ -58,7 +62,14 @@ class WatchdogLoop(Loop):
             self._retention_due = self.delete_expired()
             busy = busy or self._retention_due
         self.reconcile()
+        self.keep_dlq_depths()
         return busy
+
+    def keep_dlq_depths(self) -> None:
+        dlqdepth.compact()
+        if time.monotonic() >= self._next_depth_check:
+            dlqdepth.reconcile()
+            self._next_depth_check = time.monotonic() + dlqdepth.RECONCILE_SECONDS
 
     def delete_expired(self) -> bool:
         """One round of retention (tasks.retention); True when there may be more."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
@@ -16,7 +17,7 @@ from django.utils.html import format_html
 
 from dashboard import roles
 from dashboard.admin.base import GuardedAdmin
-from queues import services
+from queues import push, services
 from queues.models import Queue
 from taskforge.audit.log import of_request
 from tasks import services as task_services
@@ -29,14 +30,38 @@ admin.site.site_title = "TaskForge admin"
 admin.site.index_title = "Data"
 
 
+class QueueForm(forms.ModelForm[Queue]):
+    """The admin's queue form: `push` checked by the API's own rule (queues.push)."""
+
+    class Meta:
+        model = Queue
+        fields = ("name", "max_retries", "rate_limit", "max_concurrency", "push", "paused")
+        help_texts = {
+            "push": 'null: workers claim the tasks. Else {"url": "https://...", '
+            '"timeout_seconds": 30, "headers": {"Authorization": "..."}}: run_pusher POSTs '
+            "each task there (docs/push.md).",
+        }
+
+    def clean_push(self) -> dict[str, Any] | None:
+        value = self.cleaned_data.get("push")
+        if value is None:
+            return None
+        try:
+            return push.parse(value).as_json()
+        except push.InvalidPush as exc:
+            raise forms.ValidationError(str(exc)) from exc
+
+
 @admin.register(Queue)
 class QueueAdmin(GuardedAdmin[Queue]):
+    form = QueueForm
     list_display = (
         "name",
         "paused",
         "max_retries",
         "rate_limit",
         "max_concurrency",
+        "push_target",
         "created_at",
         "dashboard",
     )
@@ -49,6 +74,10 @@ class QueueAdmin(GuardedAdmin[Queue]):
     def get_readonly_fields(self, request: HttpRequest, obj: Queue | None = None) -> Any:
         # The name is the queue's identity in the API and in workers' configs.
         return ("name", "created_at") if obj is not None else ("created_at",)
+
+    @admin.display(description="Push to")
+    def push_target(self, queue: Queue) -> str:
+        return push.display_url(queue.push["url"]) if queue.push else "—"
 
     @admin.display(description="Tasks")
     def dashboard(self, queue: Queue) -> str:

@@ -92,6 +92,11 @@ SEED_SQL = [
     SELECT id, queue_id, payload, last_error, attempts, finished_at, NULL, 0
     FROM tasks_task WHERE status = 'dead'
     """,
+    # The DLQ depths TaskForge keeps beside its moves (tasks.dlqdepth).
+    """
+    INSERT INTO tasks_deadcount (queue_id, dead)
+    SELECT queue_id, count(*) FROM tasks_task WHERE status = 'dead' GROUP BY queue_id
+    """,
     """
     INSERT INTO workers_worker (worker_id, last_seen_at)
     SELECT 'worker-' || n, now() - interval '1 second' * (n * 3)

@@ -78,6 +78,32 @@ def test_large_changelists__never_count(
     assert counts == []
 
 
+def test_event_changelist__a_queue_through_its_tasks(
+    superuser_client: Client, world: dict[str, Any]
+) -> None:
+    """A queue's events: its tasks newest first, each task's events newest first, found
+    through the tasks (task_queue_created_idx), not by walking every event."""
+    TaskFactory(queue=QueueFactory(name="other"), status="done")
+    queue = world["queue"]
+    url = f"/admin/tasks/taskevent/?queue__id__exact={queue.pk}"
+
+    with CaptureQueriesContext(connection) as queries:
+        response = superuser_client.get(url)
+
+    listed = list(response.context["cl"].result_list)
+    expected = sorted(
+        TaskEvent.objects.filter(queue=queue).select_related("task"),
+        key=lambda e: (e.task.created_at, e.task_id, e.id),
+        reverse=True,
+    )
+    assert [e.pk for e in listed] == [e.pk for e in expected] and len(listed) > 4
+    pages = [q["sql"] for q in queries.captured_queries if 'FROM "tasks_taskevent"' in q["sql"]]
+    on_tasks = f'"tasks_task"."queue_id" = \'{queue.pk.hex}\'::uuid'
+    assert pages and all(on_tasks in q for q in pages)
+    # Not a queue id: the admin's own filter refuses it, as before.
+    assert superuser_client.get("/admin/tasks/taskevent/?queue__id__exact=x").status_code == 302
+
+
 def test_task_changelist__pages_with_previous_and_next(
     superuser_client: Client, world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -210,6 +236,33 @@ def test_queue_admin__create_and_edit_through_services(superuser_client: Client)
     queue.refresh_from_db()
     assert queue.max_concurrency == 4
     assert superuser_client.get(f"/admin/queues/queue/{queue.pk}/delete/").status_code == 403
+
+
+def test_queue_admin__push_target_checked_by_the_apis_rule(superuser_client: Client) -> None:
+    response = superuser_client.post(
+        "/admin/queues/queue/add/",
+        {"name": "hooks", "max_retries": 3, "push": '{"url": "https://h.example/x"}'},
+    )
+    assert response.status_code == 302
+    queue = Queue.objects.get(name="hooks")
+    assert queue.push == {"url": "https://h.example/x", "timeout_seconds": 30, "headers": {}}
+    listing = superuser_client.get("/admin/queues/queue/").content.decode()
+    assert "https://h.example/x" in listing
+
+    response = superuser_client.post(
+        f"/admin/queues/queue/{queue.pk}/change/",
+        {"max_retries": 3, "push": '{"url": "https://h.example/x", "headers": {"Host": "a"}}'},
+    )
+    assert response.status_code == 200  # the form again, with the error
+    assert "may not be set" in response.content.decode()
+    queue.refresh_from_db()
+    assert queue.push is not None and queue.push["headers"] == {}
+
+    superuser_client.post(
+        f"/admin/queues/queue/{queue.pk}/change/", {"max_retries": 3, "push": "null"}
+    )
+    queue.refresh_from_db()
+    assert queue.push is None
 
 
 def test_api_key_admin__shows_a_new_key_once_and_revokes(superuser_client: Client) -> None:

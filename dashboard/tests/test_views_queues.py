@@ -68,6 +68,21 @@ def test_overview__shows_a_capped_queue_running_against_its_cap(staff_client: Cl
     assert "3 / 10" in html and "at most 10 at once (max_concurrency)" in html
 
 
+def test_overview__shows_a_push_queues_target_without_secrets(staff_client: Client) -> None:
+    push = {"url": "https://user:pw@hooks.example.com/t?token=abc", "timeout_seconds": 30}
+    QueueFactory(name="pushed", push={**push, "headers": {"Authorization": "Bearer x"}})
+    QueueFactory(name="pulled")
+
+    response = staff_client.get(f"{D}/")
+
+    rows = {row["name"]: row for row in response.context["snapshot"]["queues"]}
+    assert rows["pushed"]["push_url"] == "https://hooks.example.com/t"
+    assert rows["pulled"]["push_url"] is None
+    html = response.content.decode()
+    assert "push → https://hooks.example.com/t" in html
+    assert "token=abc" not in html and "pw@" not in html and "Bearer" not in html
+
+
 def test_overview__without_queues_says_how_to_make_one(staff_client: Client) -> None:
     response = staff_client.get(f"{D}/")
 

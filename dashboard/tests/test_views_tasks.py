@@ -250,3 +250,30 @@ def test_cancel__locks_the_row_and_calls_transitions_cancel(
     staff_client.post(f"{D}/tasks/{task.pk}/cancel")
 
     assert seen == [True]
+
+
+def test_task_detail__a_push_tasks_attempts_show_status_body_and_time(staff_client: Client) -> None:
+    queue = QueueFactory(
+        name="hooks", push={"url": "https://h.example/x?k=1", "timeout_seconds": 5, "headers": {}}
+    )
+    [task] = transitions.create([transitions.NewTask(queue, {"n": 1}, 5, timezone.now(), 3)])
+    Task.objects.filter(pk=task.pk).update(status=S.CLAIMED)
+    start = timezone.now()
+    [task] = transitions.hand_out([str(task.pk)], worker_id="push:host-1", now=start)
+    task = Task.objects.select_related("queue").get(pk=task.pk)
+    transitions.fail(task, error="HTTP 503: upstream down", now=start + timedelta(milliseconds=42))
+
+    response = staff_client.get(f"{D}/tasks/{task.pk}")
+
+    assert response.context["push_url"] == "https://h.example/x"
+    [row] = response.context["push_attempts"]
+    assert (row["attempt"], row["outcome"], row["answer"], row["took"], row["by"]) == (
+        1,
+        "503",
+        "upstream down",
+        "42 ms",
+        "push:host-1",
+    )
+    html = response.content.decode()
+    assert 'id="push"' in html and 'id="heartbeats"' not in html
+    assert "upstream down" in html and "42 ms" in html

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -22,6 +23,7 @@ from dashboard import queries, roles, snapshot
 from dashboard.forms import TaskSearchForm
 from dashboard.views.base import action, back, not_found, page, pager
 from dlq.models import DeadLetterTask
+from queues import push
 from queues.models import Queue
 from taskforge.audit.log import of_request
 from taskforge.lib.timeutil import isoformat
@@ -87,6 +89,12 @@ def _gap(delta: timedelta) -> str:
     return f"{seconds:.1f}s" if seconds < 10 else fmt.age(seconds)
 
 
+def _took(delta: timedelta) -> str:
+    """A request's duration: milliseconds under a second."""
+    seconds = delta.total_seconds()
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else _gap(delta)
+
+
 def _relative(at: datetime | None, now: datetime) -> str:
     if at is None:
         return ""
@@ -122,7 +130,7 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     if task is None:
         return not_found(request, f"task {task_id}")
     now = timezone.now()
-    # Uses taskevent_task_idx (task, id).
+    # Uses taskevent_by_task_idx (task).
     events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("id")[: EVENTS_SHOWN + 1])
     events_cut = len(events) > EVENTS_SHOWN
     events = events[:EVENTS_SHOWN]
@@ -138,6 +146,7 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
         )
         previous = event.at
     timeout = lease_timeout().total_seconds()
+    pushed = task.queue.push is not None or (task.claimed_by or "").startswith("push:")
     beats = heartbeats.history(task.pk, since=task.claimed_at) if task.claimed_at else []
     lease_expires_at = task.lease_expires_at
     dead_letter = DeadLetterTask.objects.filter(task_id=task.pk).first()
@@ -161,11 +170,14 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
                     ("Created", task.created_at),
                     ("Scheduled", task.scheduled_at),
                     ("Claimed", task.claimed_at),
-                    ("Last heartbeat", task.heartbeat_at),
+                    # A push process does not heartbeat: its lease anchor is no heartbeat.
+                    ("Last heartbeat", None if pushed else task.heartbeat_at),
                     ("Updated", task.updated_at),
                     ("Finished", task.finished_at),
                 ]
             ],
+            "push_url": push.display_url(task.queue.push["url"]) if task.queue.push else None,
+            "push_attempts": _push_attempts(events) if pushed else None,
             "dead_letter": dead_letter,
             "can_cancel": task.is_cancellable,
             "is_dead": task.status == S.DEAD,
@@ -174,6 +186,45 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
             "nav": "tasks",
         },
     )
+
+
+_HTTP_ERROR = re.compile(r"HTTP (\d{3}): (.*)", re.S)
+
+
+def _push_attempts(events: list[TaskEvent]) -> list[dict[str, Any]]:
+    """Each push attempt that ended: the target's answer (status, body excerpt) and its time.
+
+    Read from the events: hand-out (`executing`) to the move that ended the
+    attempt; `last_error` holds "HTTP <status>: <body excerpt>" (workers.pusher).
+    """
+    rows = []
+    started: TaskEvent | None = None
+    for event in events:
+        if event.to_status == S.EXECUTING:
+            started = event
+            continue
+        if event.from_status != S.EXECUTING or started is None:
+            continue
+        error = event.error or ""
+        match = _HTTP_ERROR.fullmatch(error)
+        if event.to_status == S.DONE:
+            outcome, answer = "2xx", ""
+        elif match:
+            outcome, answer = match.group(1), match.group(2)
+        else:
+            outcome, answer = "no answer", error
+        rows.append(
+            {
+                "attempt": event.attempt,
+                "by": started.worker_id,
+                "outcome": outcome,
+                "ok": event.to_status == S.DONE,
+                "took": _took(event.at - started.at),
+                "answer": answer,
+            }
+        )
+        started = None
+    return rows
 
 
 def _watch_version(updated_at: datetime, heartbeat_at: datetime | None) -> str:

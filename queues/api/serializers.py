@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from queues import push
 from queues.models import MAX_CONCURRENCY_LIMIT, MAX_RETRIES_LIMIT, Queue, is_queue_name
 from taskforge.api.fields import (
     StrictBooleanField,
@@ -11,12 +15,63 @@ from taskforge.api.fields import (
     TimeField,
 )
 
+# The OpenAPI form of a queue's `push` (PushField validates it).
+PUSH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "nullable": True,
+    "additionalProperties": False,
+    "required": ["url"],
+    "properties": {
+        "url": {"type": "string", "format": "uri", "maxLength": push.MAX_URL_LENGTH},
+        "timeout_seconds": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": push.MAX_TIMEOUT_SECONDS,
+            "default": push.DEFAULT_TIMEOUT_SECONDS,
+        },
+        "headers": {
+            "type": "object",
+            "maxProperties": push.MAX_HEADERS,
+            "additionalProperties": {"type": "string"},
+        },
+    },
+}
+
+# Shown instead of a push header's value to keys that are not admin keys: the
+# headers may carry the target's credentials (`Authorization`).
+REDACTED = "[redacted]"
+
+
+@extend_schema_field(PUSH_SCHEMA)
+class PushField(serializers.Field):  # type: ignore[type-arg]
+    """A queue's `push`: null, or a target as `queues.push` accepts it (stored with defaults)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_null", True)
+        kwargs.setdefault(
+            "help_text",
+            "null: workers pull the tasks; else TaskForge POSTs each task to `url` "
+            '(API.md "Push delivery"). A PATCH replaces it as a whole.',
+        )
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        try:
+            return push.parse(data).as_json()
+        except push.InvalidPush as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 # A rate far beyond any real downstream; keeps the token bucket's math small.
 MAX_RATE_LIMIT = 1_000_000
 
 
 class QueueSerializer(serializers.ModelSerializer[Queue]):
     created_at = TimeField(read_only=True)
+    push = serializers.SerializerMethodField()
 
     class Meta:
         model = Queue
@@ -26,10 +81,20 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
             "max_retries",
             "rate_limit",
             "max_concurrency",
+            "push",
             "paused",
             "created_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(PUSH_SCHEMA)
+    def get_push(self, queue: Queue) -> dict[str, Any] | None:
+        """The push target; header values only for admin keys (`reveal_push_headers`)."""
+        if queue.push is None or self.context.get("reveal_push_headers"):
+            return queue.push
+        shown = dict(queue.push)
+        shown["headers"] = {name: REDACTED for name in queue.push.get("headers", {})}
+        return shown
 
 
 class QueuePatchSerializer(StrictSerializer):
@@ -44,6 +109,7 @@ class QueuePatchSerializer(StrictSerializer):
         required=False,
         help_text="Tasks of this queue executing at once, across all workers; null: unlimited.",
     )
+    push = PushField(required=False)
     paused = StrictBooleanField(required=False)
 
 

@@ -101,7 +101,9 @@ def _check_postgres() -> str:
     params.pop("context", None)
     try:
         with psycopg.connect(**params) as conn:
-            conn.execute(f"SET statement_timeout = {READY_TIMEOUT_SECONDS * 1000}")
+            # LOCAL: behind a transaction pooler a plain SET would outlive this
+            # check on the server connection and bind whoever gets it next.
+            conn.execute(f"SET LOCAL statement_timeout = {READY_TIMEOUT_SECONDS * 1000}")
             conn.execute("SELECT 1")
     except Exception as exc:
         return f"error: {type(exc).__name__}: {str(exc).strip()[:200]}"

@@ -70,9 +70,7 @@ def user_topic(user_id: object) -> str:
 
 def channel() -> str:
     """The pub/sub channel; named after REDIS_URL's db, since channels are server-wide."""
-    url = settings.REDIS_URL
-    db = 0 if redisconn.is_cluster(url) else redis.connection.parse_url(url).get("db", 0)
-    return f"tf:revoked:{db}"
+    return redisconn.channel("tf:revoked", settings.REDIS_URL)
 
 
 def _client() -> redisconn.Client:

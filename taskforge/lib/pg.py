@@ -6,6 +6,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 
 from taskforge.lib import internals
@@ -27,8 +28,13 @@ def cursor() -> Iterator[Any]:
     (UTC), and psycopg's loader builds values in the session's zone, so both
     give the same aware datetimes (tzinfo `datetime.timezone.utc`).  What this
     leans on, and its guard: taskforge.lib.internals.
+
+    DATABASE_PREPARED_STATEMENTS off (a transaction pooler that cannot carry named
+    statements between server connections): the statements run unnamed, planned
+    on every call.
     """
-    with internals.prepared_cursor(connection) as wrapper:
+    prepare = settings.DATABASE_PREPARED_STATEMENTS
+    with internals.prepared_cursor(connection, prepare=prepare) as wrapper:
         yield wrapper
 
 

@@ -18,6 +18,7 @@ kinds of deployment differ in this module only.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, TypeAlias, cast
 from urllib.parse import unquote, urlsplit
 
@@ -44,6 +45,18 @@ REDIS_FAILURES: tuple[type[Exception], ...] = (RedisError, RedisClusterException
 def is_cluster(url: str) -> bool:
     """Whether `url` names a Redis Cluster (`redis+cluster://`, `rediss+cluster://`)."""
     return urlsplit(url).scheme in CLUSTER_SCHEMES
+
+
+@functools.lru_cache(maxsize=16)
+def channel(base: str, url: str) -> str:
+    """`base` named after `url`'s logical db: `tf:wake:9` for redis://host/9.
+
+    Pub/sub channels are server-wide, not per db: two deployments (or test
+    runs) on one Redis server in different dbs would otherwise hear each
+    other's messages.  A cluster has only db 0.
+    """
+    db = 0 if is_cluster(url) else redis.connection.parse_url(url).get("db", 0)
+    return f"{base}:{db}"
 
 
 def cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:

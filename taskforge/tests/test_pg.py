@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from django.conf import LazySettings
 from django.db import connection
 
 from taskforge.lib import pg
@@ -32,3 +33,54 @@ def test_pg_cursor__timestamps_load_as_django_loads_them() -> None:
     with connection.cursor() as cursor:
         cursor.execute(QUERY, [VALUES[:1]])
         assert cursor.fetchone()[0] == expected[0]
+
+
+def _prepared(marker: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            [f"%{marker}%"],
+        )
+        count: int = cursor.fetchone()[0]
+    return count
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("prepared", [True, False])
+def test_pg_cursor__prepares_unless_the_setting_is_off(
+    settings: LazySettings, prepared: bool
+) -> None:
+    """DATABASE_PREPARED_STATEMENTS false (a transaction pooler): no named statement is left
+    on the server connection for the next client to trip over, and values still bind."""
+    settings.DATABASE_PREPARED_STATEMENTS = prepared
+    marker = f"probe_pg_cursor_{prepared}".lower()
+    for n in (1, 2, 3):
+        with pg.cursor() as cursor:
+            cursor.execute(f"SELECT %(n)s::int + 1 AS {marker}", {"n": n})
+            assert cursor.fetchone()[0] == n + 1
+    assert _prepared(marker) == (1 if prepared else 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_listener__listens_on_its_own_connection_when_a_listen_url_is_set(
+    settings: LazySettings,
+) -> None:
+    from taskforge.lib.listen import Listener
+    from tests.service import database_url
+
+    settings.DATABASE_LISTEN_URL = database_url(connection.settings_dict)
+    listener = Listener("taskforge_listen_probe", "taskforge-probe")
+    own = listener.connection()
+    try:
+        connection.ensure_connection()
+        assert own is not connection.connection
+        assert listener.connection() is own  # kept, not reconnected
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify('taskforge_listen_probe', 'hi')")
+        assert [n.payload for n in own.notifies(timeout=5, stop_after=1)] == ["hi"]
+        listener.reset()
+        assert own.closed
+        again = listener.connection()
+        assert again is not own and not again.closed
+    finally:
+        listener.reset()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -12,11 +15,21 @@ from queues import services as queue_services
 from queues.api.lookup import QueueLookupMixin
 from queues.api.serializers import QueueCreateSerializer, QueuePatchSerializer, QueueSerializer
 from queues.models import Queue
+from taskforge.api.models import Role
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import ADMIN, ANY_ROLE
 from taskforge.api.schema import BODY_ERRORS, NOT_FOUND, error, errors, page_of
 from taskforge.audit.log import of_request
 from tasks import services
+
+
+def shown(request: Request, queues: Queue | Sequence[Queue]) -> Any:
+    """The queue(s) as the caller may see them: push header values for admin keys only."""
+    reveal = getattr(request.user, "role", None) == Role.ADMIN
+    context = {"reveal_push_headers": reveal}
+    if isinstance(queues, Queue):
+        return QueueSerializer(queues, context=context).data
+    return QueueSerializer(queues, many=True, context=context).data
 
 
 class QueueListView(APIView):
@@ -30,7 +43,7 @@ class QueueListView(APIView):
     def get(self, request: Request) -> Response:
         paginator = KeysetPaginator(request, ordering=["name", "id"])
         page = paginator.paginate(Queue.objects.all())
-        return paginator.response(QueueSerializer(page, many=True).data)
+        return paginator.response(shown(request, page))
 
     @extend_schema(
         operation_id="queues_create",
@@ -45,7 +58,7 @@ class QueueListView(APIView):
         body = QueueCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         queue = queue_services.create_queue(**body.validated_data, actor=of_request(request))
-        return Response(QueueSerializer(queue).data, status=status.HTTP_201_CREATED)
+        return Response(shown(request, queue), status=status.HTTP_201_CREATED)
 
 
 class QueueDetailView(QueueLookupMixin, APIView):
@@ -57,7 +70,7 @@ class QueueDetailView(QueueLookupMixin, APIView):
         tags=["queues"],
     )
     def get(self, request: Request, name: str) -> Response:
-        return Response(QueueSerializer(self.get_queue()).data)
+        return Response(shown(request, self.get_queue()))
 
     @extend_schema(
         operation_id="queues_update",
@@ -70,7 +83,7 @@ class QueueDetailView(QueueLookupMixin, APIView):
         body = QueuePatchSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         queue_services.update_queue(queue, **body.validated_data, actor=of_request(request))
-        return Response(QueueSerializer(queue).data)
+        return Response(shown(request, queue))
 
     @extend_schema(
         operation_id="queues_destroy",
@@ -98,7 +111,7 @@ class QueuePauseView(QueueLookupMixin, APIView):
         queue = queue_services.set_paused(
             self.get_queue(), paused=self.paused, actor=of_request(request)
         )
-        return Response(QueueSerializer(queue).data)
+        return Response(shown(request, queue))
 
 
 class QueueResumeView(QueuePauseView):

@@ -25,6 +25,7 @@ def test_create__defaults(admin_client: APIClient) -> None:
         "max_retries",
         "rate_limit",
         "max_concurrency",
+        "push",
         "paused",
         "created_at",
     }
@@ -33,8 +34,9 @@ def test_create__defaults(admin_client: APIClient) -> None:
         body["max_retries"],
         body["rate_limit"],
         body["max_concurrency"],
+        body["push"],
         body["paused"],
-    ) == ("emails", 3, None, None, False)
+    ) == ("emails", 3, None, None, None, False)
     assert body["created_at"].endswith("Z")
 
 

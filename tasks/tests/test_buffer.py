@@ -7,7 +7,6 @@ import pytest
 import redis
 
 from tasks.buffer import (
-    WAKE_CHANNEL,
     Buffer,
     bucket_key,
     counted_key,
@@ -15,6 +14,7 @@ from tasks.buffer import (
     ready_key,
     running_key,
     score,
+    wake_channel,
 )
 
 pytestmark = pytest.mark.usefixtures("redis_client")
@@ -145,7 +145,7 @@ def test_release__wakes_claims_only_when_the_queue_was_full(
 ) -> None:
     buffer.count("q", ["a", "b", "c"])
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(WAKE_CHANNEL)
+    pubsub.subscribe(wake_channel())
     pubsub.get_message(timeout=1)
     buffer.release("q", ["a"], 5)  # 3 of 5: nobody waits for a slot
     assert pubsub.get_message(timeout=0.2) is None

@@ -76,7 +76,7 @@ def test_statements_by_id__use_the_primary_key_under_history_statistics(
     nones: list[None] = [None] * len(held_ids)
     common = {"worker_id": "w", "key_id": None, "now": now}
     plans = {
-        "hand_out": plan(sql.HAND_OUT.text, {**common, "ids": ids[20:]}),
+        "hand_out": plan(sql.HAND_OUT.text, {**common, "ids": ids[20:], "lease_from": now}),
         "ack": plan(sql.ACK.text, {**common, "ids": held_ids, "attempts": nones, "results": nones}),
         "heartbeat": plan(worker_sql.HEARTBEAT, {**common, "ids": held_ids, "attempts": nones}),
     }

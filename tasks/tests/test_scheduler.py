@@ -184,3 +184,17 @@ def test_tick__a_delayed_task_committed_after_its_time_is_still_announced() -> N
         loop.tick()
         payloads = [n.payload for n in listener.notifies(timeout=1, stop_after=1)]
     assert payloads == [str(queue.id)]
+
+
+def test_tick__works_while_its_listen_url_is_unreachable(settings, caplog) -> None:
+    """DATABASE_LISTEN_URL down (a session pool, say): the tick still does its work."""
+    from tests.service import free_port
+
+    settings.DATABASE_LISTEN_URL = f"postgres://nobody@127.0.0.1:{free_port()}/nowhere"
+    due = TaskFactory(status=S.RETRY)
+    Task.objects.filter(pk=due.pk).update(scheduled_at=timezone.now() - timedelta(seconds=1))
+    loop = SchedulerLoop()
+    loop.tick()
+    assert Task.objects.get(pk=due.pk).status == S.PENDING
+    assert "listen.unavailable" in caplog.text
+    loop.wait(0.05)  # falls back to sleeping, no error

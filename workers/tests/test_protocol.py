@@ -72,13 +72,13 @@ def test_claim__an_idle_wait_looks_again_when_woken_or_now_and_then(
     monkeypatch.setattr(protocol, "QUIET_LOOK_SECONDS", 1.0)
     monkeypatch.setattr(wakeup.waiters, "listening", lambda: listening)
     calls: list[float] = []
-    real = protocol._claim_once
+    real = protocol.take
 
-    def counted(*args: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(time.monotonic())
-        return real(*args)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(protocol, "_claim_once", counted)
+    monkeypatch.setattr(protocol, "take", counted)
     assert protocol.claim(protocol.ClaimRequest("w1", ["q"], wait_seconds=2.1)) == []
     assert looks[0] <= len(calls) <= looks[1], calls
 

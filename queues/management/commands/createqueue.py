@@ -1,4 +1,5 @@
-"""`manage.py createqueue NAME [--max-retries N] [--rate-limit R] [--max-concurrency C]`."""
+"""`manage.py createqueue NAME [--max-retries N] [--rate-limit R] [--max-concurrency C]
+[--push-url URL [--push-timeout S] [--push-header NAME:VALUE ...]] [--paused]`."""
 
 from __future__ import annotations
 
@@ -30,6 +31,25 @@ class Command(BaseCommand):
             default=None,
             help="Tasks executing at once across all workers (1..100000); omit for unlimited.",
         )
+        parser.add_argument(
+            "--push-url",
+            default=None,
+            help="Deliver the tasks by POSTing each to this http(s) URL (run_pusher) "
+            "instead of to workers that claim them.",
+        )
+        parser.add_argument(
+            "--push-timeout",
+            type=int,
+            default=None,
+            help="Seconds a push target has to answer (1..1800, default 30); needs --push-url.",
+        )
+        parser.add_argument(
+            "--push-header",
+            action="append",
+            default=[],
+            metavar="NAME:VALUE",
+            help="A header to send with each push request (repeatable); needs --push-url.",
+        )
         parser.add_argument("--paused", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -40,6 +60,9 @@ class Command(BaseCommand):
             body["rate_limit"] = options["rate_limit"]
         if options["max_concurrency"] is not None:
             body["max_concurrency"] = options["max_concurrency"]
+        push = self._push(options)
+        if push is not None:
+            body["push"] = push
         serializer = QueueCreateSerializer(data=body)
         try:
             serializer.is_valid(raise_exception=True)
@@ -51,4 +74,25 @@ class Command(BaseCommand):
             raise CommandError(problems) from exc
         except TaskForgeError as exc:
             raise CommandError(exc.message) from exc
-        self.stdout.write(json.dumps(QueueSerializer(queue).data))
+        self.stdout.write(
+            json.dumps(QueueSerializer(queue, context={"reveal_push_headers": True}).data)
+        )
+
+    def _push(self, options: dict[str, Any]) -> dict[str, Any] | None:
+        """The `push` object of the --push-* options (validated with the rest of the body)."""
+        if options["push_url"] is None:
+            if options["push_timeout"] is not None or options["push_header"]:
+                raise CommandError("--push-timeout and --push-header need --push-url.")
+            return None
+        push: dict[str, Any] = {"url": options["push_url"]}
+        if options["push_timeout"] is not None:
+            push["timeout_seconds"] = options["push_timeout"]
+        headers: dict[str, str] = {}
+        for item in options["push_header"]:
+            name, sep, value = item.partition(":")
+            if not sep:
+                raise CommandError(f"--push-header {item!r}: expected NAME:VALUE.")
+            headers[name.strip()] = value.strip()
+        if headers:
+            push["headers"] = headers
+        return push

@@ -1,0 +1,186 @@
+"""A queue's push target (API.md v1.1 `push`): what it may say, and how requests are signed.
+
+`Queue.push` is NULL (workers pull) or the JSON object `parse` accepts:
+`{"url", "timeout_seconds", "headers"}`, stored with its defaults filled in.
+The push processes (`workers.pusher`) deliver the tasks of such queues; this
+module is the one place that says what a target may be, so the API, the
+admin, `createqueue` and the pusher agree.
+
+The signature a receiver verifies: `TaskForge-Signature: t=<unix seconds>,
+v1=<hex HMAC-SHA256 of "<t>.<body bytes>">` keyed with
+TASKFORGE_PUSH_SIGNING_SECRET (`signature`; receivers check it with the SDK's
+`taskforge_client.push.verify_signature`, docs/push.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+DEFAULT_TIMEOUT_SECONDS = 30
+MAX_TIMEOUT_SECONDS = 1800
+MAX_HEADERS = 20
+MAX_URL_LENGTH = 2048
+MAX_HEADER_VALUE_LENGTH = 8192
+
+# Headers a queue may not set: hop-by-hop ones (RFC 9110 7.6.1), and those the
+# push process writes itself for the request to be well-formed (API.md).
+FORBIDDEN_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "host",
+    }
+)
+
+# The headers every push request carries; they win over a queue's header of the same name.
+TASK_ID_HEADER = "TaskForge-Task-Id"
+QUEUE_HEADER = "TaskForge-Queue"
+ATTEMPT_HEADER = "TaskForge-Attempt"
+SIGNATURE_HEADER = "TaskForge-Signature"
+
+# An HTTP field name (RFC 9110 5.1: a token).
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# Control characters a field value may not hold (HTAB is allowed).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_FIELDS = frozenset({"url", "timeout_seconds", "headers"})
+
+
+class InvalidPush(ValueError):
+    """A push target TaskForge refuses; the message says why, for a person."""
+
+
+@dataclass(frozen=True, slots=True)
+class PushTarget:
+    url: str
+    timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "timeout_seconds": self.timeout_seconds,
+            "headers": dict(self.headers),
+        }
+
+
+def parse(value: Any) -> PushTarget:
+    """The target an API body's `push` object describes.
+
+    Raises:
+        InvalidPush: not an object of the documented form.
+    """
+    if not isinstance(value, dict):
+        raise InvalidPush("Expected null or an object with 'url'.")
+    unknown = sorted(set(value) - _FIELDS)
+    if unknown:
+        raise InvalidPush(f"Unknown field {unknown[0]!r}.")
+    if "url" not in value:
+        raise InvalidPush("'url' is required.")
+    return PushTarget(
+        url=_url(value["url"]),
+        timeout_seconds=_timeout(value.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)),
+        headers=_headers(value.get("headers", {})),
+    )
+
+
+def target_of(stored: Any) -> PushTarget | None:
+    """The target of a queue's stored `push` value (None: the queue is pulled)."""
+    if stored is None:
+        return None
+    return parse(stored)
+
+
+def _url(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidPush("'url' must be an http or https URL.")
+    if len(value) > MAX_URL_LENGTH:
+        raise InvalidPush(f"'url' is longer than {MAX_URL_LENGTH} characters.")
+    if _CONTROL.search(value) or " " in value:
+        raise InvalidPush("'url' may not contain spaces or control characters.")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (raises ValueError for a port out of range)
+    except ValueError as exc:
+        raise InvalidPush("'url' is not a valid URL.") from exc
+    if parts.scheme not in ("http", "https"):
+        raise InvalidPush("'url' must start with http:// or https://.")
+    if not parts.hostname:
+        raise InvalidPush("'url' must name a host.")
+    if parts.fragment:
+        raise InvalidPush("'url' may not have a fragment (#...).")
+    return value
+
+
+def _timeout(value: Any) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not value.is_integer())
+    ):
+        raise InvalidPush("'timeout_seconds' must be an integer.")
+    if not 1 <= value <= MAX_TIMEOUT_SECONDS:
+        raise InvalidPush(f"'timeout_seconds' must be between 1 and {MAX_TIMEOUT_SECONDS}.")
+    return int(value)
+
+
+def _headers(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise InvalidPush("'headers' must be an object of header names to string values.")
+    if len(value) > MAX_HEADERS:
+        raise InvalidPush(f"'headers' may hold at most {MAX_HEADERS} headers.")
+    seen: set[str] = set()
+    for name, text in value.items():
+        if not _TOKEN.fullmatch(name):
+            raise InvalidPush(f"Header name {name!r} is not a valid HTTP header name.")
+        lower = name.lower()
+        if lower in FORBIDDEN_HEADERS:
+            raise InvalidPush(
+                f"Header {name!r} may not be set (TaskForge sets it, or it is hop-by-hop)."
+            )
+        if lower in seen:
+            raise InvalidPush(f"Header {name!r} is given twice.")
+        seen.add(lower)
+        if not isinstance(text, str):
+            raise InvalidPush(f"Header {name!r}: the value must be a string.")
+        if _CONTROL.search(text):
+            raise InvalidPush(
+                f"Header {name!r}: the value may not contain CR, LF or control characters."
+            )
+        if len(text) > MAX_HEADER_VALUE_LENGTH:
+            raise InvalidPush(
+                f"Header {name!r}: the value is longer than {MAX_HEADER_VALUE_LENGTH}."
+            )
+        try:
+            text.encode("latin-1")
+        except UnicodeEncodeError as exc:
+            raise InvalidPush(f"Header {name!r}: the value must be Latin-1 text.") from exc
+    return dict(value)
+
+
+def display_url(url: str) -> str:
+    """The URL without what may be a secret (user info, query): for pages and logs."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def signature(secret: str, body: bytes, timestamp: int) -> str:
+    """The `TaskForge-Signature` value of a request body sent at `timestamp` (Unix seconds)."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return f"t={timestamp},v1={mac.hexdigest()}"

@@ -1,0 +1,523 @@
+"""Push delivery (API.md v1.1): `manage.py run_pusher` POSTs push queues' tasks to their targets.
+
+A push process is a worker that TaskForge runs itself.  Three threads:
+
+- **The feeder** (the command's loop, `PushLoop`): while fewer than
+  TASKFORGE_PUSH_MAX_IN_FLIGHT requests are in flight, it takes due tasks of
+  the push queues exactly as a claim does (`workers.protocol.take`: order,
+  `rate_limit`, `max_concurrency`, pause; the same Lua step), as worker
+  `push:<process name>`.  The lease runs the target's `timeout_seconds`
+  longer than a worker's, since a push process does not heartbeat.  It
+  waits on the same Redis wake-ups as a long poll, so a due task is sent
+  within milliseconds.
+- **The sender**: one asyncio event loop with one aiohttp session sends every
+  request (hundreds at once cost one thread), without following redirects,
+  and turns each answer into an `Outcome` (`outcome_of`).
+- **The finisher**: records outcomes in Postgres.  2xx answers are acked in
+  batches (one statement for all that ended meanwhile); failures go through
+  the nack rule, one by one: `Retry-After` of a 429 or 503 instead of the
+  backoff.  The lease fences both: an outcome for a task whose lease was
+  reclaimed changes nothing.
+
+A push process killed mid-request leaves its tasks `executing`; the watchdog
+reclaims them when the lease ends, and the target may see a task twice
+(at-least-once).  On SIGTERM it stops taking tasks, lets requests in flight
+finish for a moment, records what ended, and leaves the rest to the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import os
+import queue as queue_module
+import re
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from django.db import close_old_connections, connection
+from multidict import CIMultiDict
+
+from queues import push
+from queues.models import Queue
+from taskforge import metrics
+from taskforge.conf import conf
+from taskforge.lib import jsonutil
+from taskforge.lib.loop import Loop
+from tasks import transitions
+from tasks.models import Task
+from tasks.wakeup import waiters
+from workers import protocol
+from workers.exceptions import LeaseLost
+
+logger = logging.getLogger("taskforge.pusher")
+
+# The most a failed attempt waits when the target says Retry-After (API.md).
+MAX_RETRY_AFTER_SECONDS = 86400
+USER_AGENT = "TaskForge-Push/1.1"
+# Characters of a failed answer's body kept in `last_error` (API.md).
+ERROR_EXCERPT_CHARS = 500
+# Tasks taken per queue per pass, at most (the in-flight room bounds it too).
+TAKE_BATCH = 100
+# The feeder looks again at least this often without a wake-up, and re-reads
+# the push queues (a new one, a pause, a changed target) as often.
+LOOK_SECONDS = 1.0
+# When full, the feeder waits at most this long after a request ended to take
+# the room of several at once (or a tenth of the capacity, whichever comes first).
+ROOM_GATHER_SECONDS = 0.005
+# Waits are cut into slices this long, so a SIGTERM is noticed.
+SLICE_SECONDS = 0.25
+# Outcomes recorded per statement, at most.
+FINISH_BATCH = 500
+# On SIGTERM: how long requests in flight may still finish, and how long the
+# finisher may take to record them (API.md: a loop exits within 3 s).
+STOP_GRACE_SECONDS = 1.5
+FINISH_GRACE_SECONDS = 1.0
+
+
+def process_name() -> str:
+    """This process's name in `push:<name>` (host and pid, as a worker_id allows)."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:150] or "host"
+    return f"{host}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One request to send: a task handed out to this push process."""
+
+    task_id: str
+    queue: str
+    attempt: int
+    body: bytes
+    target: push.PushTarget
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a request ended.  `error` None: delivered (`result`: JSON text or None)."""
+
+    job: Job
+    kind: str  # the metric's outcome label
+    seconds: float
+    error: str | None = None
+    result: str | None = None
+    retry_after: float | None = None
+    status: int | None = None
+
+
+def request_headers(job: Job, *, secret: str, now: float) -> CIMultiDict[str]:
+    """The headers of a job's request: the queue's own, then TaskForge's, which win."""
+    headers: CIMultiDict[str] = CIMultiDict(job.target.headers)
+    headers.setdefault("User-Agent", USER_AGENT)
+    headers["Content-Type"] = "application/json"
+    headers[push.TASK_ID_HEADER] = job.task_id
+    headers[push.QUEUE_HEADER] = job.queue
+    headers[push.ATTEMPT_HEADER] = str(job.attempt)
+    if secret:
+        headers[push.SIGNATURE_HEADER] = push.signature(secret, job.body, int(now))
+    else:
+        headers.popall(push.SIGNATURE_HEADER, None)
+    return headers
+
+
+def retry_after_seconds(value: str | None, *, now: datetime) -> float | None:
+    """A Retry-After header's delay (seconds or an HTTP date), capped; None if unusable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(min(int(value), MAX_RETRY_AFTER_SECONDS))
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return min(max((when - now).total_seconds(), 0.0), float(MAX_RETRY_AFTER_SECONDS))
+
+
+def result_of(body: bytes, *, limit: int) -> str | None:
+    """A 2xx answer's body as the task's result (JSON text), or None when it is not JSON."""
+    if not body or len(body) > limit:
+        return None
+    try:
+        value = jsonutil.loads(body)
+    except ValueError:
+        return None
+    return jsonutil.dumps(value).decode()
+
+
+def excerpt(body: bytes) -> str:
+    return body.decode("utf-8", errors="replace")[:ERROR_EXCERPT_CHARS]
+
+
+async def _read(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """Up to `limit` + 1 bytes of the body: enough to tell that it is too long."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await response.content.read(limit + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+async def deliver(session: aiohttp.ClientSession, job: Job, *, secret: str) -> Outcome:
+    """Send one job and say how it ended; never raises."""
+    started = time.monotonic()
+    timeout = job.target.timeout_seconds
+    limit = conf.MAX_PAYLOAD_BYTES
+    status: int | None = None
+    body = b""
+
+    def ended(kind: str, error: str | None = None, **fields: Any) -> Outcome:
+        return Outcome(job, kind, time.monotonic() - started, error=error, status=status, **fields)
+
+    try:
+        async with session.post(
+            job.target.url,
+            data=job.body,
+            headers=request_headers(job, secret=secret, now=time.time()),
+            allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as response:
+            status = response.status
+            try:
+                body = await _read(
+                    response, limit if 200 <= status < 300 else 4 * ERROR_EXCERPT_CHARS
+                )
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                if not 200 <= status < 300:
+                    raise
+                # The target said 2xx in time; the body broke off or came too slowly:
+                # delivered, without a result.
+                logger.info(
+                    "push.result_unread",
+                    extra={"task_id": job.task_id, "queue": job.queue, "error": repr(exc)},
+                )
+                return ended("success")
+            if 200 <= status < 300:
+                return ended("success", result=result_of(body, limit=limit))
+            delay = None
+            if status in (429, 503):
+                delay = retry_after_seconds(
+                    response.headers.get("Retry-After"), now=datetime.now(UTC)
+                )
+            text = excerpt(body)
+            if 300 <= status < 400 and not text.strip():
+                where = response.headers.get("Location", "")
+                text = f"redirect to {where[:ERROR_EXCERPT_CHARS]} not followed"
+            return ended("http_error", f"HTTP {status}: {text}", retry_after=delay)
+    except TimeoutError:
+        return ended("timeout", f"timeout after {timeout} s")
+    except (aiohttp.ClientSSLError, aiohttp.ClientConnectorCertificateError) as exc:
+        return ended("tls_error", f"TLS error: {_reason(exc)}")
+    except aiohttp.ClientConnectorError as exc:
+        return ended("connection_error", f"connection failed: {_reason(exc)}")
+    except aiohttp.ServerDisconnectedError:
+        return ended("connection_error", "connection closed by the target before it answered")
+    except aiohttp.ClientError as exc:
+        return ended("connection_error", f"request failed: {_reason(exc)}")
+    except Exception as exc:  # a bug must not lose the slot or the task
+        logger.exception("push.send_failed", extra={"task_id": job.task_id, "queue": job.queue})
+        return ended("connection_error", f"request failed: {exc!r}")
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc) or exc.__class__.__name__
+    return text[:ERROR_EXCERPT_CHARS]
+
+
+class Sender:
+    """The asyncio thread: one session, requests in flight counted against `capacity`."""
+
+    def __init__(self, capacity: int, done: queue_module.SimpleQueue[Outcome]) -> None:
+        self.capacity = capacity
+        self._done = done
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self.room = threading.Event()  # set when a request ends
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="taskforge-push-sender", daemon=True
+        )
+        self._thread.start()
+        self._session: aiohttp.ClientSession = asyncio.run_coroutine_threadsafe(
+            self._open(), self._loop
+        ).result()
+
+    async def _open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=self.capacity, ttl_dns_cache=60)
+        return aiohttp.ClientSession(
+            connector=connector,
+            # Bodies and headers are ours; no cookies kept between tasks.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=True,
+        )
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def free(self) -> int:
+        with self._lock:
+            return self.capacity - self._in_flight
+
+    def send(self, jobs: Sequence[Job]) -> None:
+        with self._lock:
+            self._in_flight += len(jobs)
+        for job in jobs:
+            asyncio.run_coroutine_threadsafe(self._send(job), self._loop)
+
+    async def _send(self, job: Job) -> None:
+        outcome = await deliver(self._session, job, secret=conf.PUSH_SIGNING_SECRET)
+        metrics.on_push(job.queue, outcome.kind, outcome.seconds)
+        self._done.put(outcome)
+        with self._lock:
+            self._in_flight -= 1
+        self.room.set()
+
+    def wait_idle(self, seconds: float) -> int:
+        """Wait up to `seconds` for requests in flight to end; return how many still are."""
+        deadline = time.monotonic() + seconds
+        while self.in_flight and time.monotonic() < deadline:
+            self.room.wait(0.05)
+            self.room.clear()
+        return self.in_flight
+
+    def close(self) -> None:
+        async def shut() -> None:
+            await self._session.close()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(timeout=1.0)
+        except Exception:
+            logger.debug("push.close_failed", exc_info=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=1.0)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+class Finisher:
+    """The thread that records outcomes: acks in batches, failures by the nack rule."""
+
+    def __init__(self, worker_id: str, outcomes: queue_module.SimpleQueue[Outcome]) -> None:
+        self.worker_id = worker_id
+        self._outcomes = outcomes
+        self._stop = threading.Event()
+        self._pending: list[Outcome] = []
+        self._thread = threading.Thread(
+            target=self._run, name="taskforge-push-finisher", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        failures = 0
+        while True:
+            if not self._pending:
+                try:
+                    self._pending.append(self._outcomes.get(timeout=0.2))
+                except queue_module.Empty:
+                    if self._stop.is_set():
+                        break
+                    continue
+            while len(self._pending) < FINISH_BATCH:
+                try:
+                    self._pending.append(self._outcomes.get_nowait())
+                except queue_module.Empty:
+                    break
+            try:
+                self.record(self._pending)
+            except Exception as exc:
+                failures += 1
+                logger.warning(
+                    "push.record_failed",
+                    extra={"count": len(self._pending), "error": repr(exc), "failures": failures},
+                )
+                if not connection.in_atomic_block:
+                    connection.close()
+                if self._stop.wait(min(5.0, 0.2 * 2**failures)):
+                    break
+                continue
+            failures = 0
+            self._pending = []
+        connection.close()
+
+    def record(self, outcomes: Sequence[Outcome]) -> None:
+        """Write outcomes to Postgres: one ack statement, then each failure."""
+        close_old_connections()
+        delivered = [o for o in outcomes if o.error is None]
+        if delivered:
+            acked = transitions.ack(
+                [(o.job.task_id, o.job.attempt, o.result) for o in delivered],
+                worker_id=self.worker_id,
+            )
+            ids = {str(task.pk) for task in acked}
+            for o in delivered:
+                if o.job.task_id not in ids:
+                    _dropped(o)
+        for o in outcomes:
+            if o.error is None:
+                continue
+            try:
+                protocol.nack(
+                    self.worker_id,
+                    protocol.Item(o.job.task_id, o.job.attempt),
+                    error=o.error,
+                    retry_after_seconds=o.retry_after,
+                )
+            except LeaseLost:
+                _dropped(o)
+        for o in outcomes:
+            logger.info(
+                "push.delivered" if o.error is None else "push.failed",
+                extra={
+                    "task_id": o.job.task_id,
+                    "queue": o.job.queue,
+                    "worker_id": self.worker_id,
+                    "attempt": o.job.attempt,
+                    "status_code": o.status,
+                    "duration_ms": round(o.seconds * 1000, 3),
+                    "error": o.error,
+                },
+            )
+
+    def stop(self, seconds: float) -> int:
+        """Record what has ended, for up to `seconds`; return how many outcomes were left."""
+        self._stop.set()
+        self._thread.join(timeout=seconds)
+        return len(self._pending) + self._outcomes.qsize()
+
+
+def _dropped(outcome: Outcome) -> None:
+    # The lease ended first (the watchdog reclaimed the task): the attempt is
+    # already counted as failed and the task retried; this answer changes nothing.
+    logger.warning(
+        "push.outcome_dropped",
+        extra={"task_id": outcome.job.task_id, "queue": outcome.job.queue, "reason": "lease_lost"},
+    )
+
+
+class PushLoop(Loop):
+    name = "pusher"
+
+    def __init__(self, *, capacity: int | None = None, name: str | None = None) -> None:
+        super().__init__()
+        self.worker_id = f"push:{name or process_name()}"
+        self._outcomes: queue_module.SimpleQueue[Outcome] = queue_module.SimpleQueue()
+        self.sender = Sender(capacity or conf.PUSH_MAX_IN_FLIGHT, self._outcomes)
+        self.finisher = Finisher(self.worker_id, self._outcomes)
+        self._queues: list[Queue] = []
+        self._read_at = 0.0
+        self._turn = 0
+
+    @property
+    def interval(self) -> float:
+        return LOOK_SECONDS
+
+    def tick(self) -> bool:
+        """Take and send what is due, then wait: for room when full, else for a wake-up."""
+        queues = self._push_queues()
+        protocol.record_seen(self.worker_id)
+        if not queues:
+            self.wait(LOOK_SECONDS)
+            return True
+        with waiters.interest(str(queue.id) for queue in queues) as wake:
+            wake.clear()
+            sent, retry_in = self._take_and_send(queues)
+            if self.sender.free() <= 0:
+                self._wait_for_room()
+                return True  # tasks left in the buffer while full are due now
+            if sent:
+                return True  # more may be due: look again at once
+            deadline = time.monotonic() + (
+                min(LOOK_SECONDS, retry_in) if retry_in else LOOK_SECONDS
+            )
+            while not self.stopping and not wake.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                wake.wait(min(SLICE_SECONDS, left))
+        return True
+
+    def _wait_for_room(self) -> None:
+        """Until some requests ended: a batch of them, or any after ROOM_GATHER_SECONDS.
+
+        Taking one task per ended request would cost a Redis and a Postgres round
+        trip each; gathering the room of a few ends takes them in one.
+        """
+        deadline = time.monotonic() + LOOK_SECONDS
+        enough = max(1, self.sender.capacity // 10)
+        first_room = 0.0
+        while not self.stopping and time.monotonic() < deadline:
+            self.sender.room.clear()
+            free = self.sender.free()
+            if free >= enough:
+                return
+            if free > 0:
+                now = time.monotonic()
+                first_room = first_room or now
+                if now - first_room >= ROOM_GATHER_SECONDS:
+                    return
+                self.sender.room.wait(ROOM_GATHER_SECONDS - (now - first_room))
+                continue
+            self.sender.room.wait(SLICE_SECONDS)
+
+    def _push_queues(self) -> list[Queue]:
+        if time.monotonic() - self._read_at >= LOOK_SECONDS or not self._read_at:
+            self._queues = list(Queue.objects.filter(push__isnull=False).order_by("name"))
+            self._read_at = time.monotonic()
+        return self._queues
+
+    def _take_and_send(self, queues: list[Queue]) -> tuple[int, float]:
+        """One pass over the push queues, the first one turning each pass (fairness)."""
+        free = self.sender.free()
+        if free <= 0:
+            return 0, 0.0
+        self._turn = (self._turn + 1) % len(queues)
+        ordered = queues[self._turn :] + queues[: self._turn]
+        tasks, retry_in = protocol.take(
+            ordered,
+            max_tasks=min(free, TAKE_BATCH * len(ordered)),
+            worker_id=self.worker_id,
+            paused=set(),
+            push=True,
+        )
+        if tasks:
+            self.sender.send([_job(task) for task in tasks])
+        return len(tasks), retry_in
+
+    def on_shutdown(self) -> None:
+        left = self.sender.wait_idle(STOP_GRACE_SECONDS)
+        unrecorded = self.finisher.stop(FINISH_GRACE_SECONDS)
+        self.sender.close()
+        if left or unrecorded:
+            # Still `executing`: their leases end and the watchdog retries them.
+            logger.warning(
+                "push.stopped_in_flight",
+                extra={"in_flight": left, "unrecorded": unrecorded, "worker_id": self.worker_id},
+            )
+
+
+def _job(task: Task) -> Job:
+    # The task's queue is the row this pass took it with: a push queue.
+    target = push.target_of(task.queue.push)
+    assert target is not None  # take(push=True) takes from push queues only
+    return Job(
+        task_id=str(task.pk),
+        queue=task.queue.name,
+        attempt=task.attempts,
+        body=jsonutil.dumps(task.payload),
+        target=target,
+    )
