@@ -96,14 +96,17 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Outside the session and CSRF middleware: it sees the cookies they set.
     "taskforge.api.headers.SecurityHeadersMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # These five are Django's and WhiteNoise's, letting a POST to a hot endpoint (the
+    # task lifecycle's, by API key) straight through: it has no use for them.
+    "taskforge.api.middleware.WhiteNoiseMiddleware",
+    "taskforge.api.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "taskforge.api.middleware.CsrfViewMiddleware",
+    "taskforge.api.middleware.AuthenticationMiddleware",
+    "taskforge.api.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
+    # django-prometheus's, with its labelled children looked up once per process.
+    "taskforge.api.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "taskforge.urls"

@@ -26,14 +26,14 @@ REQUEST_FIELDS = {"method", "path", "status", "duration_ms", "remote_addr", "pid
 
 
 def json_lines(caplog: pytest.LogCaptureFixture, logger: str) -> list[dict[str, Any]]:
-    """The records of `logger` as the settings' formatter writes them: one JSON line each."""
+    """The records of `logger` as the settings' formatter writes them: JSON lines (one
+    for each record, or for each transition of a batch statement's record)."""
     formatter = JsonFormatter()
-    lines = []
+    lines: list[dict[str, Any]] = []
     for record in caplog.records:
         if record.name == logger:
             text = formatter.format(record)
-            assert "\n" not in text
-            lines.append(json.loads(text))
+            lines.extend(json.loads(part) for part in text.split("\n"))
     return lines
 
 
@@ -105,6 +105,33 @@ def test_transitions__one_json_line_per_transition_with_the_api_fields(
         assert mine[0]["from_status"] is None and mine[0]["to_status"] == S.PENDING
         assert mine[0]["duration_ms"] is None
         assert all(line["duration_ms"] >= 0 for line in mine[1:])
+
+
+@pytest.mark.django_db
+def test_transitions__a_batch_statement_writes_one_line_per_task(
+    caplog: pytest.LogCaptureFixture,
+    django_capture_on_commit_callbacks: Callable[..., Any],
+) -> None:
+    """A statement of several tasks logs one record, written as one JSON line per
+    transition with the same fields as a single task's line."""
+    caplog.set_level(logging.INFO, logger="taskforge.transitions")
+    queue = QueueFactory(name="batched")
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks = [TaskFactory(queue=queue, status=S.CLAIMED) for _ in range(3)]
+    caplog.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        handed = transitions.hand_out([str(t.pk) for t in tasks], worker_id="w1")
+        transitions.ack([(str(t.pk), 1, None) for t in handed], worker_id="w1")
+
+    records = [r for r in caplog.records if r.name == "taskforge.transitions"]
+    assert [r.getMessage() for r in records] == ["task.handed_out", "task.acked"]
+    lines = json_lines(caplog, "taskforge.transitions")
+    assert all(set(line) == TRANSITION_FIELDS | {"level", "logger"} for line in lines), lines
+    assert sorted(line["task_id"] for line in lines[:3]) == sorted(str(t.pk) for t in tasks)
+    assert [line["event"] for line in lines] == ["task.handed_out"] * 3 + ["task.acked"] * 3
+    assert all(line["to_status"] == S.DONE and line["worker_id"] == "w1" for line in lines[3:])
+    raw = JsonFormatter().format(records[1]).split("\n")
+    assert raw[0].startswith('{"ts": ') and len(raw) == 3  # the single line's spelling
 
 
 @pytest.mark.django_db

@@ -13,6 +13,10 @@ from openapi_spec_validator import validate
 from rest_framework import status
 
 from taskforge import urls
+from taskforge.api.bodies import Invalid
+from taskforge.api.exceptions import PayloadTooLarge
+from taskforge.api.hot import HotView
+from tests import test_hot_parity as parity
 
 pytestmark = pytest.mark.django_db
 
@@ -193,3 +197,86 @@ def test_docs__every_asset_it_references_is_served(docs_page: str, client: Clien
             assert response.getvalue(), ref  # the streamed file, joined
         finally:
             response.close()
+
+
+# What the OpenAPI document cannot say about a body, so a rule's refusal that the
+# request schema does not repeat: unknown fields (DRF's schemas never list
+# additionalProperties), formats it names without checking (uuid, date-time), blank
+# strings (minLength counts before trimming), the payload size, a rule across fields
+# (scheduled_at with delay_seconds), integers past 2**53 in a number, a null body,
+# and a null payload (a schema without a type, "any JSON value", cannot refuse null alone).
+_INEXPRESSIBLE = (
+    "Unknown field.",
+    "Must be a valid UUID.",
+    "Expected an ISO 8601 time",
+    "This field may not be blank.",
+    "Give scheduled_at or delay_seconds, not both.",
+    "Number is out of range.",
+    "No data provided",
+)
+
+
+def _hot_routes() -> list[tuple[str, Any]]:
+    """(OpenAPI path, body rules) of each hot endpoint (taskforge.api.hot)."""
+    routes = []
+    for pattern in urls.urlpatterns:
+        view_class = getattr(getattr(pattern, "callback", None), "view_class", None)
+        if view_class is not None and issubclass(view_class, HotView):
+            path = "/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", str(pattern.pattern))
+            routes.append((path, view_class.body))
+    return routes
+
+
+def _trimmed(value: Any) -> bool:
+    """Holds a string with surrounding whitespace: the rules trim it, the schema cannot say."""
+    if isinstance(value, str):
+        return value != value.strip()
+    if isinstance(value, dict):
+        return any(_trimmed(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_trimmed(item) for item in value)
+    return False
+
+
+def test_schema__hot_request_bodies_agree_with_the_rules_that_validate_them(
+    spec: dict[str, Any],
+) -> None:
+    """The hot endpoints validate with `taskforge.api.bodies` rules, and the document
+    describes them with serializers built from those rules.  Fed every body of
+    tests/test_hot_parity.py, each request schema accepts what its rules accept, and
+    refuses what they refuse, but for what a JSON schema cannot express."""
+    from jsonschema import Draft7Validator  # type: ignore[import-untyped]  # no stubs
+
+    routes = _hot_routes()
+    assert len(routes) == 8
+    by_path = {path: endpoint for endpoint, (path, _, _) in parity.ENDPOINTS.items()}
+    checked = 0
+    for path, rules in routes:
+        operation = spec["paths"][path]["post"]
+        ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        schema = {"$ref": ref, "components": spec["components"]}
+        validator = Draft7Validator(schema)
+        endpoint = by_path[path.replace("{name}", parity.Q)]
+        for name, body in [(n, b) for e, n, b in parity.CASES if e == endpoint]:
+            try:
+                rules.validate(body)
+                refused: list[str] = []
+            except Invalid as exc:
+                refused = [
+                    message
+                    for where, messages in exc.fields.items()
+                    for message in messages
+                    if not (where.endswith("payload") and message == "This field may not be null.")
+                ]
+            except PayloadTooLarge:
+                refused = ["Number is out of range."]  # a size: inexpressible
+            accepted_by_schema = validator.is_valid(body)
+            if not refused and not _trimmed(body):
+                assert accepted_by_schema, f"{endpoint} {name}: rules accept, schema refuses"
+            expressible = [m for m in refused if not m.startswith(_INEXPRESSIBLE)]
+            if expressible:
+                assert not accepted_by_schema, (
+                    f"{endpoint} {name}: rules refuse ({expressible}), schema accepts"
+                )
+            checked += 1
+    assert checked > 1000

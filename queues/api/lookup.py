@@ -9,6 +9,21 @@ from queues.exceptions import UnknownQueue
 from queues.models import Queue, is_queue_name
 
 
+def queue_named(name: str, *, fresh: bool = True) -> Queue:
+    """The queue named `name` in a URL; `fresh=False` (enqueue) may answer from
+    `queues.lookup`'s cache.
+
+    Raises: UnknownQueue (404).
+    """
+    # A name no queue can have (NUL, say) is not sent to Postgres at all.
+    if not is_queue_name(name):
+        raise UnknownQueue()
+    queue = lookup.by_name(name, fresh=fresh)
+    if queue is None:
+        raise UnknownQueue()
+    return queue
+
+
 class QueueLookupMixin:
     """Resolves the `name` URL argument to a queue, or 404."""
 
@@ -16,11 +31,4 @@ class QueueLookupMixin:
 
     def get_queue(self, *, fresh: bool = True) -> Queue:
         """The queue; `fresh=False` (enqueue) may answer from `queues.lookup`'s cache."""
-        name = self.kwargs["name"]
-        # A name no queue can have (NUL, say) is not sent to Postgres at all.
-        if not is_queue_name(name):
-            raise UnknownQueue()
-        queue = lookup.by_name(name, fresh=fresh)
-        if queue is None:
-            raise UnknownQueue()
-        return queue
+        return queue_named(self.kwargs["name"], fresh=fresh)

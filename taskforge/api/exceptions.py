@@ -22,6 +22,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from taskforge.api.bodies import Invalid
 from taskforge.api.responses import error_body
 from taskforge.errors import TaskForgeError
 from taskforge.lib.redisconn import CLUSTER_OUTAGES
@@ -108,10 +109,34 @@ def _render_as_json(context: dict[str, Any]) -> None:
         request.accepted_media_type = "application/json"
 
 
+def validation_message(fields: dict[str, list[str]]) -> str:
+    """The `message` of a 400 `invalid`: the one message, or the fields named."""
+    if list(fields) == ["non_field_errors"] and len(fields["non_field_errors"]) == 1:
+        return fields["non_field_errors"][0]
+    message = "Invalid input: " + ", ".join(sorted(fields)[:10])
+    if len(fields) > 10:
+        message += f" and {len(fields) - 10} more"
+    return message + "."
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     """Render `exc` as an API error response; never returns None."""
     _render_as_json(context)
+    status_code, body, headers = error_answer(exc)
+    return Response(body, status=status_code, headers=headers)
+
+
+def error_answer(exc: Exception) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """The status, body and headers that answer `exc`: DRF's views and the hot ones'."""
     headers: dict[str, str] = {}
+    if isinstance(exc, Invalid):
+        set_rollback()
+        fields = exc.fields
+        return (
+            status.HTTP_400_BAD_REQUEST,
+            error_body("invalid", validation_message(fields), fields),
+            headers,
+        )
     if isinstance(exc, Http404):
         exc = drf.NotFound(str(exc) if str(exc) else "Not found.")
     elif isinstance(exc, DjangoPermissionDenied):
@@ -123,7 +148,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         set_rollback()
         if exc.status_code == status.HTTP_401_UNAUTHORIZED:
             headers["WWW-Authenticate"] = 'Bearer realm="taskforge"'
-        return Response(error_body(exc.code, exc.message), status=exc.status_code, headers=headers)
+        return exc.status_code, error_body(exc.code, exc.message), headers
 
     if isinstance(exc, drf.APIException):
         set_rollback()
@@ -133,34 +158,27 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         wait = getattr(exc, "wait", None)  # Throttled's seconds to wait
         if wait:
             headers["Retry-After"] = str(int(wait))
-        fields = None
-        message = _message_for(exc)
         if isinstance(exc, drf.ValidationError):
             fields = flatten_errors(exc.detail)
-            if list(fields) == ["non_field_errors"] and len(fields["non_field_errors"]) == 1:
-                message = fields["non_field_errors"][0]
-            else:
-                message = "Invalid input: " + ", ".join(sorted(fields)[:10])
-                if len(fields) > 10:
-                    message += f" and {len(fields) - 10} more"
-                message += "."
-        return Response(
-            error_body(_code_for(exc), message, fields), status=exc.status_code, headers=headers
-        )
+            body = error_body("invalid", validation_message(fields), fields)
+        else:
+            body = error_body(_code_for(exc), _message_for(exc))
+        return exc.status_code, body, headers
 
     set_rollback()
     if isinstance(exc, _OUTAGES):
         logger.warning("request.unavailable", extra={"error": repr(exc)})
-        return Response(
+        return (
+            status.HTTP_503_SERVICE_UNAVAILABLE,
             error_body("unavailable", "A backing service (Postgres or Redis) is unavailable."),
-            status=status.HTTP_503_SERVICE_UNAVAILABLE,
-            headers={"Retry-After": "1"},
+            {"Retry-After": "1"},
         )
     if isinstance(exc, DatabaseError):
         logger.exception("request.database_error", exc_info=exc)
     else:
         logger.exception("request.internal_error", exc_info=exc)
-    return Response(
+    return (
+        status.HTTP_500_INTERNAL_SERVER_ERROR,
         error_body("internal", "An unexpected error occurred."),
-        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        headers,
     )

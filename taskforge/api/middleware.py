@@ -13,10 +13,19 @@ function view); every other view has TASKFORGE_MAX_REQUEST_BYTES.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Callable
 from typing import Any
 
+import django_prometheus.middleware  # type: ignore[import-untyped]  # no annotations
+from django.conf import settings
+from django.contrib.auth.middleware import AuthenticationMiddleware as _Authentication
+from django.contrib.messages.middleware import MessageMiddleware as _Messages
+from django.contrib.sessions.middleware import SessionMiddleware as _Sessions
 from django.http import HttpRequest, HttpResponse
+from django.middleware.csrf import CsrfViewMiddleware as _Csrf
+from django.urls import URLPattern, get_resolver
+from whitenoise.middleware import WhiteNoiseMiddleware as _WhiteNoise  # type: ignore[import-untyped]
 
 from taskforge.api.responses import error_response
 from taskforge.conf import conf
@@ -113,3 +122,109 @@ class BodyLimitMiddleware:
         request.META["CONTENT_LENGTH"] = str(len(body))
         request._stream = io.BytesIO(body)
         return None
+
+
+class PrometheusAfterMiddleware(django_prometheus.middleware.PrometheusAfterMiddleware):  # type: ignore[misc]
+    """django-prometheus's, with each labelled child looked up once per process.
+
+    It counts a request in seven labelled metrics, and `metric.labels(...)`
+    checks and joins the label values and takes the metric's lock every time
+    (a sixth of the middleware's CPU per request).  The children are the ones
+    `labels()` returns: the same series, the same values.  Their labels are
+    view names, methods, statuses, charsets and exception types: bounded, and
+    prometheus_client keeps every child anyway.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def process_request(self, request: HttpRequest) -> None:
+        # django-prometheus's, reading the two headers from META: `request.headers`
+        # builds a mapping of every header on first use, for two lookups.
+        meta = request.META
+        method = self._method(request)
+        self.label_metric(self.metrics.requests_by_method, request, method=method).inc()
+        transport = self._transport(request)
+        self.label_metric(self.metrics.requests_by_transport, request, transport=transport).inc()
+        if meta.get("HTTP_X_REQUESTED_WITH") == "XMLHttpRequest":
+            self.label_metric(self.metrics.requests_ajax, request).inc()
+        length = meta.get("CONTENT_LENGTH") or 0
+        self.label_metric(self.metrics.requests_body_bytes, request).observe(int(length))
+        request.prometheus_after_middleware_event = django_prometheus.middleware.Time()  # type: ignore[attr-defined]
+
+    def label_metric(self, metric: Any, request: Any, response: Any = None, **labels: Any) -> Any:
+        if not labels:
+            return metric
+        key = (id(metric), *labels.items())
+        child = self._children.get(key)
+        if child is None:
+            # Two threads may race here; both get the same child from `labels()`.
+            child = self._children[key] = metric.labels(**labels)
+        return child
+
+
+# --- hot calls: the middleware only people's pages need, passed by ---------------------
+
+# URLconf -> the paths of its hot endpoints (taskforge.api.hot), as regexes.
+_hot_routes: dict[str, list[re.Pattern[str]]] = {}
+
+
+def _routes(urlconf: str) -> list[re.Pattern[str]]:
+    routes = _hot_routes.get(urlconf)
+    if routes is None:
+        from taskforge.api.hot import HotView  # the views import this module
+
+        routes = []
+        for pattern in get_resolver(urlconf).url_patterns:
+            view_class = getattr(getattr(pattern, "callback", None), "view_class", None)
+            if isinstance(pattern, URLPattern) and view_class and issubclass(view_class, HotView):
+                routes.append(re.compile("^/" + pattern.pattern.regex.pattern.lstrip("^")))
+        _hot_routes[urlconf] = routes
+    return routes
+
+
+def is_hot_call(request: HttpRequest) -> bool:
+    """A POST to a hot endpoint: an API call by key, for which the static files,
+    sessions, CSRF, user authentication and messages middleware have nothing to do."""
+    hot: bool | None = request.__dict__.get("_taskforge_hot_call")
+    if hot is None:
+        urlconf = getattr(request, "urlconf", None) or settings.ROOT_URLCONF
+        path = request.path_info
+        hot = request.method == "POST" and any(route.match(path) for route in _routes(urlconf))
+        request._taskforge_hot_call = hot  # type: ignore[attr-defined]
+    return hot
+
+
+def _passing_hot_calls(base: type[Any]) -> type[Any]:
+    """`base`, a middleware that a hot call goes straight through.
+
+    The five middleware so wrapped only serve the dashboard, Django admin and
+    static files: together about 30 us per call, out of a single-task
+    request's ~1 ms.  What a hot call's answer carries stays the same (no
+    cookie, session or message is ever part of it; tests/test_hot_parity.py
+    compares its headers with a DRF answer's); their `process_view` hooks
+    still run, and CSRF's lets an exempt view through as before.
+    """
+
+    def __call__(self: Any, request: HttpRequest) -> Any:
+        if is_hot_call(request):
+            return self.get_response(request)
+        return base.__call__(self, request)
+
+    return type(
+        base.__name__,
+        (base,),
+        {
+            "__call__": __call__,
+            "__module__": __name__,
+            "__doc__": f"{base.__module__}.{base.__name__}, passing hot calls straight through.",
+        },
+    )
+
+
+WhiteNoiseMiddleware = _passing_hot_calls(_WhiteNoise)
+SessionMiddleware = _passing_hot_calls(_Sessions)
+CsrfViewMiddleware = _passing_hot_calls(_Csrf)
+AuthenticationMiddleware = _passing_hot_calls(_Authentication)
+MessageMiddleware = _passing_hot_calls(_Messages)

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
 # Accept headers whose answer is the JSON renderer, whatever else is configured.
-_JSON_ACCEPTS = frozenset({"", "*/*", "application/json"})
+JSON_ACCEPTS = frozenset({"", "*/*", "application/json"})
 
 
 class ContentNegotiation(DefaultContentNegotiation):
@@ -30,7 +30,7 @@ class ContentNegotiation(DefaultContentNegotiation):
         first = renderers[0]
         if (
             first.media_type == "application/json"
-            and request.META.get("HTTP_ACCEPT", "") in _JSON_ACCEPTS
+            and request.META.get("HTTP_ACCEPT", "") in JSON_ACCEPTS
             and not format_suffix
             and api_settings.URL_FORMAT_OVERRIDE not in request.query_params
         ):

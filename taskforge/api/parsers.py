@@ -52,20 +52,26 @@ def _storable(text: str) -> bool:
     return True
 
 
+def parse_body(data: bytes) -> Any:
+    """A request body as strict JSON (DRF's parser and the hot views' both).
+
+    Raises: ParseError (400 `parse_error`), ValidationError (400 `invalid`: a
+    string Postgres cannot store).
+    """
+    try:
+        value = jsonutil.loads(data)
+    except jsonutil.Refused as exc:
+        raise ParseError(f"The body is not valid JSON: {exc}") from exc
+    bad = find_bad_string(value)
+    if bad is not None:
+        field = bad or "non_field_errors"
+        raise ValidationError({field: ["Strings must be valid Unicode without NUL characters."]})
+    return value
+
+
 class StrictJSONParser(JSONParser):
     """JSON bodies only; anything not strictly valid is `parse_error` or `invalid`."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         # The body's size was bounded before it was read (middleware.BodyLimitMiddleware).
-        data = stream.read() if stream is not None else b""
-        try:
-            value = jsonutil.loads(data)
-        except jsonutil.Refused as exc:
-            raise ParseError(f"The body is not valid JSON: {exc}") from exc
-        bad = find_bad_string(value)
-        if bad is not None:
-            field = bad or "non_field_errors"
-            raise ValidationError(
-                {field: ["Strings must be valid Unicode without NUL characters."]}
-            )
-        return value
+        return parse_body(stream.read() if stream is not None else b"")

@@ -13,6 +13,10 @@ _RESERVED = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 # `"key": value` spacing that tools grepping the logs may rely on.
 _encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
 
+# A record whose `extra` holds this key, a list of dicts, is written as one JSON line
+# per dict (the transitions of one batch statement: tasks.transitions._log).
+JSON_LINES = "_json_lines"
+
 # (unix second, its "YYYY-MM-DDTHH:MM:SS"): lines of the same second share it.
 _second: tuple[int, str] = (-1, "")
 
@@ -49,6 +53,10 @@ class JsonFormatter(logging.Formatter):
                 line[key] = value
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
+        batch: list[dict[str, Any]] | None = record.__dict__.get(JSON_LINES)
+        if batch is not None:
+            # One line per entry, each as a record of its own would read.
+            return "\n".join([_encode(line | entry) for entry in batch])
         return _encode(line)
 
 

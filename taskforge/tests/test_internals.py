@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from django.db import DataError, connection
 from django.db.models import Model
+from django.db.models.signals import post_init
 from prometheus_client import Counter, multiprocess, values
 
 from queues.models import Queue
@@ -155,3 +156,21 @@ def test_instances_from_rows_is_generic_over_the_model() -> None:
 def test_instances_from_rows_needs_the_primary_key() -> None:
     with pytest.raises(ValueError, match="primary key"):
         internals.instances_from_rows(Task, ["status"], [("pending",)])
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("redis_client")
+def test_instances_from_rows_takes_from_db_while_init_signals_are_listened_to() -> None:
+    """A receiver of pre_init or post_init sees every instance built, as with raw()."""
+    TaskFactory()
+    seen: list[Any] = []
+
+    def receiver(sender: Any, instance: Any, **kwargs: Any) -> None:
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=Task)
+    try:
+        built = internals.instances_from_rows(Task, *fetch("SELECT * FROM tasks_task", []))
+    finally:
+        post_init.disconnect(receiver, sender=Task)
+    assert seen == built and len(built) == 1

@@ -5,16 +5,9 @@ from typing import Any
 from rest_framework import serializers
 
 from queues.models import MAX_RETRIES_LIMIT
+from taskforge.api import bodies
 from taskforge.api.exceptions import PayloadTooLarge
-from taskforge.api.fields import (
-    AnyJSONField,
-    QuerySerializer,
-    StrictCharField,
-    StrictIntegerField,
-    StrictNumberField,
-    StrictSerializer,
-    TimeField,
-)
+from taskforge.api.fields import AnyJSONField, QuerySerializer, TimeField
 from taskforge.conf import conf
 from taskforge.lib import jsonutil
 from taskforge.lib.timeutil import isoformat
@@ -38,13 +31,9 @@ def check_payload_size(value: Any, what: str = "payload") -> None:
         raise PayloadTooLarge(f"The {what} is larger than {limit} bytes as JSON.")
 
 
-class TaskIdField(serializers.UUIDField):
-    """A task id in a body: a UUID string (a number or a list is refused), as text."""
-
-    def to_internal_value(self, data: Any) -> str:  # type: ignore[override]
-        if not isinstance(data, str):
-            self.fail("invalid", value=data)
-        return str(super().to_internal_value(data))
+# A task id in a body: a UUID string (a number or a list is refused), as text.
+TASK_ID = bodies.Uuid()
+TaskIdField = bodies.UuidTextField
 
 
 def task_to_dict(task: Task) -> dict[str, Any]:
@@ -129,36 +118,37 @@ class TaskEventSerializer(serializers.Serializer[Any]):
         }
 
 
-class EnqueueSerializer(StrictSerializer):
-    payload = AnyJSONField(help_text="Any JSON value but null.")
-    priority = StrictIntegerField(min_value=1, max_value=10, default=5)
-    scheduled_at = TimeField(required=False)
-    delay_seconds = StrictNumberField(min_value=0, max_value=MAX_DELAY_SECONDS, required=False)
-    idempotency_key = StrictCharField(min_length=1, max_length=200, required=False)
-    max_retries = StrictIntegerField(min_value=0, max_value=MAX_RETRIES_LIMIT, required=False)
-
-    def validate_payload(self, value: Any) -> Any:
-        if value is None:
-            raise serializers.ValidationError("The payload may be any JSON value but null.")
-        check_payload_size(value)
-        return value
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if "scheduled_at" in attrs and "delay_seconds" in attrs:
-            raise serializers.ValidationError(
-                {"delay_seconds": ["Give scheduled_at or delay_seconds, not both."]}
-            )
-        return attrs
-
-    def to_spec(self, attrs: dict[str, Any]) -> TaskSpec:
-        return TaskSpec(**attrs)
+def _one_schedule(attrs: dict[str, Any]) -> tuple[str, str] | None:
+    if "scheduled_at" in attrs and "delay_seconds" in attrs:
+        return "delay_seconds", "Give scheduled_at or delay_seconds, not both."
+    return None
 
 
-class EnqueueBatchSerializer(StrictSerializer):
-    # DRF's ListSerializer takes min_length/max_length; its stub does not list them.
-    tasks = EnqueueSerializer(  # type: ignore[call-arg]
-        many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False
-    )
+# The enqueue body of API.md (POST /queues/:name/tasks, and each of a batch's tasks).
+ENQUEUE = bodies.Obj(
+    "EnqueueSerializer",
+    {
+        "payload": bodies.AnyJSON(help_text="Any JSON value but null.", check=check_payload_size),
+        "priority": bodies.Int(min_value=1, max_value=10, default=5),
+        "scheduled_at": bodies.Time(required=False),
+        "delay_seconds": bodies.Number(min_value=0, max_value=MAX_DELAY_SECONDS, required=False),
+        "idempotency_key": bodies.Str(min_length=1, max_length=200, required=False),
+        "max_retries": bodies.Int(min_value=0, max_value=MAX_RETRIES_LIMIT, required=False),
+    },
+    check=_one_schedule,
+)
+ENQUEUE_BATCH = bodies.Obj(
+    "EnqueueBatchSerializer",
+    {"tasks": bodies.ListOf(ENQUEUE, min_length=1, max_length=MAX_BATCH, length_first=True)},
+)
+# For the OpenAPI document only: the rules above validate.
+EnqueueSerializer = ENQUEUE.serializer()
+EnqueueBatchSerializer = ENQUEUE_BATCH.serializer()
+
+
+def to_spec(attrs: dict[str, Any]) -> TaskSpec:
+    """One validated enqueue body as the service takes it."""
+    return TaskSpec(**attrs)
 
 
 class TaskListQuerySerializer(QuerySerializer):

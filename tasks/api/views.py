@@ -5,21 +5,26 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queues.api.lookup import QueueLookupMixin
+from queues.api.lookup import QueueLookupMixin, queue_named
 from queues.models import Queue
+from taskforge.api.hot import Answer, HotView
 from taskforge.api.middleware import SINGLE_TASK
+from taskforge.api.models import ApiKey
 from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import PRODUCER
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
 from taskforge.audit.log import of_request
 from tasks import services
 from tasks.api.serializers import (
+    ENQUEUE,
+    ENQUEUE_BATCH,
     EnqueueBatchSerializer,
     EnqueueSerializer,
     TaskEventSerializer,
@@ -27,6 +32,7 @@ from tasks.api.serializers import (
     TaskSerializer,
     enqueued_to_dict,
     task_to_dict,
+    to_spec,
 )
 from tasks.models import Task, TaskEvent
 from tasks.stats import queue_stats
@@ -55,9 +61,10 @@ class TaskLookupMixin(QueueLookupMixin):
         return services.get_task(parse_task_id(self.kwargs["task_id"]), queue=queue)
 
 
-class TaskListView(QueueLookupMixin, APIView):
+class TaskListView(QueueLookupMixin, HotView):
     roles = {"GET": PRODUCER, "POST": PRODUCER}
     body_limit = SINGLE_TASK  # the enqueue body
+    body = ENQUEUE
 
     @extend_schema(
         operation_id="tasks_list",
@@ -102,18 +109,24 @@ class TaskListView(QueueLookupMixin, APIView):
         tags=["tasks"],
     )
     def post(self, request: Request, name: str) -> Response:
-        queue = self.get_queue(fresh=False)
-        body = EnqueueSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        [result] = services.enqueue(queue, [body.to_spec(body.validated_data)])
-        return Response(
+        return self.serve_drf(request, name=name)
+
+    @staticmethod
+    def context(**kwargs: Any) -> dict[str, Any]:
+        return {"queue": queue_named(kwargs["name"], fresh=False)}
+
+    @staticmethod
+    def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
+        [result] = services.enqueue(context["queue"], [to_spec(data)])
+        return (
             enqueued_to_dict(result),
-            status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
+            status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
         )
 
 
-class TaskBatchView(QueueLookupMixin, APIView):
+class TaskBatchView(QueueLookupMixin, HotView):
     roles = {"POST": PRODUCER}
+    body = ENQUEUE_BATCH
 
     @extend_schema(
         operation_id="tasks_enqueue_batch",
@@ -131,15 +144,19 @@ class TaskBatchView(QueueLookupMixin, APIView):
         tags=["tasks"],
     )
     def post(self, request: Request, name: str) -> Response:
-        queue = self.get_queue(fresh=False)
-        body = EnqueueBatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        specs = [EnqueueSerializer().to_spec(item) for item in body.validated_data["tasks"]]
-        results = services.enqueue(queue, specs)
+        return self.serve_drf(request, name=name)
+
+    @staticmethod
+    def context(**kwargs: Any) -> dict[str, Any]:
+        return {"queue": queue_named(kwargs["name"], fresh=False)}
+
+    @staticmethod
+    def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
+        results = services.enqueue(context["queue"], [to_spec(item) for item in data["tasks"]])
         created = any(result.created for result in results)
-        return Response(
+        return (
             {"results": [enqueued_to_dict(result) for result in results]},
-            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+            status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
 

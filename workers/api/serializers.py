@@ -2,85 +2,78 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from taskforge.api.fields import (
-    AnyJSONField,
-    StrictBooleanField,
-    StrictCharField,
-    StrictIntegerField,
-    StrictNumberField,
-    StrictSerializer,
-    TimeField,
-)
-from tasks.api.serializers import TaskIdField, TaskSerializer, check_payload_size
+from taskforge.api import bodies
+from taskforge.api.fields import TimeField
+from tasks.api.serializers import TASK_ID, TaskSerializer, check_payload_size
 
 WORKER_ID = r"^[A-Za-z0-9._:@-]{1,200}$"
 MAX_BATCH = 100
 
+# The bodies of the worker protocol (API.md), in one place: the views validate with
+# these rules, and the OpenAPI document reads the serializers built from them.
+WORKER = bodies.Str(
+    max_length=200, pattern=WORKER_ID, pattern_message="1 to 200 of A-Z a-z 0-9 . _ : @ -"
+)
+ATTEMPT = bodies.Int(min_value=1, max_value=2**31 - 1, required=False)
+RESULT = bodies.AnyJSON(
+    required=False, allow_null=True, check=lambda value: check_payload_size(value, "result")
+)
 
-class WorkerIdField(StrictCharField):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(max_length=200, **kwargs)
-        self.validators.append(RegexValidator(WORKER_ID, "1 to 200 of A-Z a-z 0-9 . _ : @ -"))
+CLAIM = bodies.Obj(
+    "ClaimSerializer",
+    {
+        "worker_id": WORKER,
+        "queues": bodies.ListOf(bodies.Str(max_length=100), min_length=1, max_length=20),
+        "max_tasks": bodies.Int(min_value=1, max_value=100, default=1),
+        "wait_seconds": bodies.Number(min_value=0, max_value=30, default=0),
+    },
+)
+LEASE_ITEM = bodies.Obj("LeaseItemSerializer", {"task_id": TASK_ID, "attempt": ATTEMPT})
+HEARTBEAT = bodies.Obj(
+    "HeartbeatSerializer", {"task_id": TASK_ID, "attempt": ATTEMPT, "worker_id": WORKER}
+)
+ACK_ITEM = bodies.Obj(
+    "AckItemSerializer", {"task_id": TASK_ID, "attempt": ATTEMPT, "result": RESULT}
+)
+ACK = bodies.Obj(
+    "AckSerializer",
+    {"task_id": TASK_ID, "attempt": ATTEMPT, "result": RESULT, "worker_id": WORKER},
+)
+NACK = bodies.Obj(
+    "NackSerializer",
+    {
+        "task_id": TASK_ID,
+        "attempt": ATTEMPT,
+        "worker_id": WORKER,
+        "error": bodies.Str(min_length=1, max_length=10_000, trim=False),
+        "retry": bodies.Bool(default=True),
+        "retry_after_seconds": bodies.Number(min_value=0, max_value=86_400, required=False),
+    },
+)
+HEARTBEAT_BATCH = bodies.Obj(
+    "HeartbeatBatchSerializer",
+    {
+        "worker_id": WORKER,
+        "items": bodies.ListOf(LEASE_ITEM, min_length=1, max_length=MAX_BATCH, length_first=True),
+    },
+)
+ACK_BATCH = bodies.Obj(
+    "AckBatchSerializer",
+    {
+        "worker_id": WORKER,
+        "items": bodies.ListOf(ACK_ITEM, min_length=1, max_length=MAX_BATCH, length_first=True),
+    },
+)
 
-
-class AttemptField(StrictIntegerField):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(min_value=1, max_value=2**31 - 1, required=False, **kwargs)
-
-
-class ClaimSerializer(StrictSerializer):
-    worker_id = WorkerIdField()
-    queues = serializers.ListField(
-        child=StrictCharField(max_length=100), min_length=1, max_length=20, allow_empty=False
-    )
-    max_tasks = StrictIntegerField(min_value=1, max_value=100, default=1)
-    wait_seconds = StrictNumberField(min_value=0, max_value=30, default=0)
-
-
-class LeaseItemSerializer(StrictSerializer):
-    task_id = TaskIdField()
-    attempt = AttemptField()
-
-
-class HeartbeatSerializer(LeaseItemSerializer):
-    worker_id = WorkerIdField()
-
-
-class AckItemSerializer(LeaseItemSerializer):
-    result = AnyJSONField(required=False, allow_null=True)
-
-    def validate_result(self, value: Any) -> Any:
-        check_payload_size(value, "result")
-        return value
-
-
-class AckSerializer(AckItemSerializer):
-    worker_id = WorkerIdField()
-
-
-class NackSerializer(LeaseItemSerializer):
-    worker_id = WorkerIdField()
-    error = StrictCharField(min_length=1, max_length=10_000, trim_whitespace=False)
-    retry = StrictBooleanField(default=True)
-    retry_after_seconds = StrictNumberField(min_value=0, max_value=86_400, required=False)
-
-
-class HeartbeatBatchSerializer(StrictSerializer):
-    worker_id = WorkerIdField()
-    # DRF's ListSerializer takes min_length/max_length; its stub does not list them.
-    items = LeaseItemSerializer(  # type: ignore[call-arg]
-        many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False
-    )
-
-
-class AckBatchSerializer(StrictSerializer):
-    worker_id = WorkerIdField()
-    items = AckItemSerializer(  # type: ignore[call-arg]
-        many=True, min_length=1, max_length=MAX_BATCH, allow_empty=False
-    )
+# For the OpenAPI document only.
+ClaimSerializer = CLAIM.serializer()
+HeartbeatSerializer = HEARTBEAT.serializer()
+AckSerializer = ACK.serializer()
+NackSerializer = NACK.serializer()
+HeartbeatBatchSerializer = HEARTBEAT_BATCH.serializer()
+AckBatchSerializer = ACK_BATCH.serializer()
 
 
 class ClaimedTaskSerializer(TaskSerializer):

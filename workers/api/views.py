@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpRequest
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from taskforge.api.hot import Answer, HotView
 from taskforge.api.middleware import SINGLE_TASK
 from taskforge.api.models import ApiKey
 from taskforge.api.pagination import KeysetPaginator
@@ -21,6 +23,12 @@ from tasks.api.serializers import task_to_dict
 from tasks.models import Task, TaskStatus
 from workers import protocol as leases
 from workers.api.serializers import (
+    ACK,
+    ACK_BATCH,
+    CLAIM,
+    HEARTBEAT,
+    HEARTBEAT_BATCH,
+    NACK,
     AckBatchSerializer,
     AckSerializer,
     BatchResultSerializer,
@@ -45,13 +53,6 @@ def claimed_task(task: Task) -> dict[str, Any]:
     return body
 
 
-def _key_id(request: Request) -> int:
-    """The caller's API key: with the worker id, who holds a lease (API.md v1.1)."""
-    key = request.auth
-    assert isinstance(key, ApiKey)  # the worker role was checked: a key authenticated
-    return key.pk
-
-
 def _items(data: list[dict[str, Any]]) -> list[leases.Item]:
     return [leases.Item(**item) for item in data]
 
@@ -74,8 +75,9 @@ def _batch_result(outcome: leases.Outcome, *, lease: bool) -> dict[str, Any]:
     return result
 
 
-class ClaimView(APIView):
+class ClaimView(HotView):
     roles = {"POST": WORKER}
+    body = CLAIM
 
     @extend_schema(
         operation_id="workers_claim",
@@ -88,18 +90,18 @@ class ClaimView(APIView):
         tags=["workers"],
     )
     def post(self, request: Request) -> Response:
-        body = ClaimSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        tasks = claim(
-            ClaimRequest(**body.validated_data, key_id=_key_id(request)),
-            gone=disconnected(request),
-        )
-        return Response({"tasks": [claimed_task(task) for task in tasks]})
+        return self.serve_drf(request)
+
+    @staticmethod
+    def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
+        tasks = claim(ClaimRequest(**data, key_id=key.pk), gone=disconnected(request))
+        return {"tasks": [claimed_task(task) for task in tasks]}, 200
 
 
-class HeartbeatView(APIView):
+class HeartbeatView(HotView):
     roles = {"POST": WORKER}
     body_limit = SINGLE_TASK
+    body = HEARTBEAT
 
     @extend_schema(
         operation_id="workers_heartbeat",
@@ -108,28 +110,27 @@ class HeartbeatView(APIView):
         tags=["workers"],
     )
     def post(self, request: Request) -> Response:
-        body = HeartbeatSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        worker_id = body.validated_data.pop("worker_id")
-        [outcome] = leases.heartbeat(
-            worker_id, [leases.Item(**body.validated_data)], key_id=_key_id(request)
-        )
+        return self.serve_drf(request)
+
+    @staticmethod
+    def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
+        worker_id = data.pop("worker_id")
+        [outcome] = leases.heartbeat(worker_id, [leases.Item(**data)], key_id=key.pk)
         if outcome.error is not None:
             raise outcome.error
         assert outcome.heartbeat_at is not None
-        return Response(
-            {
-                "task_id": outcome.task_id,
-                "status": TaskStatus.EXECUTING,
-                "heartbeat_at": isoformat(outcome.heartbeat_at),
-                "lease_expires_at": isoformat(leases.lease_expires_at(outcome.heartbeat_at)),
-            }
-        )
+        return {
+            "task_id": outcome.task_id,
+            "status": TaskStatus.EXECUTING,
+            "heartbeat_at": isoformat(outcome.heartbeat_at),
+            "lease_expires_at": isoformat(leases.lease_expires_at(outcome.heartbeat_at)),
+        }, 200
 
 
-class AckView(APIView):
+class AckView(HotView):
     roles = {"POST": WORKER}
     body_limit = SINGLE_TASK
+    body = ACK
 
     @extend_schema(
         operation_id="workers_ack",
@@ -139,21 +140,22 @@ class AckView(APIView):
         tags=["workers"],
     )
     def post(self, request: Request) -> Response:
-        body = AckSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        worker_id = body.validated_data.pop("worker_id")
-        [outcome] = leases.ack(
-            worker_id, [leases.Item(**body.validated_data)], key_id=_key_id(request)
-        )
+        return self.serve_drf(request)
+
+    @staticmethod
+    def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
+        worker_id = data.pop("worker_id")
+        [outcome] = leases.ack(worker_id, [leases.Item(**data)], key_id=key.pk)
         if outcome.error is not None:
             raise outcome.error
         assert outcome.task is not None
-        return Response(task_to_dict(outcome.task))
+        return task_to_dict(outcome.task), 200
 
 
-class NackView(APIView):
+class NackView(HotView):
     roles = {"POST": WORKER}
     body_limit = SINGLE_TASK
+    body = NACK
 
     @extend_schema(
         operation_id="workers_nack",
@@ -166,22 +168,24 @@ class NackView(APIView):
         tags=["workers"],
     )
     def post(self, request: Request) -> Response:
-        body = NackSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        data = body.validated_data
+        return self.serve_drf(request)
+
+    @staticmethod
+    def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
         task = leases.nack(
             data["worker_id"],
             leases.Item(data["task_id"], data.get("attempt")),
             error=data["error"],
             retry=data["retry"],
             retry_after_seconds=data.get("retry_after_seconds"),
-            key_id=_key_id(request),
+            key_id=key.pk,
         )
-        return Response(task_to_dict(task))
+        return task_to_dict(task), 200
 
 
-class HeartbeatBatchView(APIView):
+class HeartbeatBatchView(HotView):
     roles = {"POST": WORKER}
+    body = HEARTBEAT_BATCH
 
     @extend_schema(
         operation_id="workers_heartbeat_batch",
@@ -190,18 +194,17 @@ class HeartbeatBatchView(APIView):
         tags=["workers"],
     )
     def post(self, request: Request) -> Response:
-        body = HeartbeatBatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        outcomes = leases.heartbeat(
-            body.validated_data["worker_id"],
-            _items(body.validated_data["items"]),
-            key_id=_key_id(request),
-        )
-        return Response({"results": [_batch_result(o, lease=True) for o in outcomes]})
+        return self.serve_drf(request)
+
+    @staticmethod
+    def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
+        outcomes = leases.heartbeat(data["worker_id"], _items(data["items"]), key_id=key.pk)
+        return {"results": [_batch_result(o, lease=True) for o in outcomes]}, 200
 
 
-class AckBatchView(APIView):
+class AckBatchView(HotView):
     roles = {"POST": WORKER}
+    body = ACK_BATCH
 
     @extend_schema(
         operation_id="workers_ack_batch",
@@ -210,14 +213,12 @@ class AckBatchView(APIView):
         tags=["workers"],
     )
     def post(self, request: Request) -> Response:
-        body = AckBatchSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        outcomes = leases.ack(
-            body.validated_data["worker_id"],
-            _items(body.validated_data["items"]),
-            key_id=_key_id(request),
-        )
-        return Response({"results": [_batch_result(o, lease=False) for o in outcomes]})
+        return self.serve_drf(request)
+
+    @staticmethod
+    def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
+        outcomes = leases.ack(data["worker_id"], _items(data["items"]), key_id=key.pk)
+        return {"results": [_batch_result(o, lease=False) for o in outcomes]}, 200
 
 
 class WorkerListView(APIView):
