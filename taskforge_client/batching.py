@@ -2,8 +2,10 @@
 
 `EnqueueBatcher` takes single enqueues from any number of threads and sends
 them as `POST /queues/:name/tasks/batch` calls, one per queue, every
-`linger` seconds or `max_batch` tasks, whichever comes first; each caller
-blocks until its own task (or its own error) is back.  A batch is all or
+`linger` seconds (1 ms by default) or `max_batch` tasks, whichever comes
+first; each caller blocks until its own task (or its own error) is back, so
+the linger is part of every call's latency.  Calls arriving while a batch is
+on the wire wait for it and go together in the next one.  A batch is all or
 nothing on the server: when it is refused for some items (400, with
 `fields` such as `tasks[3].priority`), those callers get the error with
 their own fields and the others are sent again, so one bad item fails only
@@ -157,7 +159,7 @@ class EnqueueBatcher(_Coalescer):
     as an enqueue answers it).
     """
 
-    def __init__(self, client: Any, *, linger: float = 0.005, max_batch: int = 1000) -> None:
+    def __init__(self, client: Any, *, linger: float = 0.001, max_batch: int = 1000) -> None:
         self.client = client
         super().__init__("taskforge-enqueue-batcher", linger, min(max_batch, 1000))
 

@@ -593,7 +593,7 @@ class TaskForge:
         answer = self.request("POST", "/workers/ack/batch", body, idempotent=True)
         return [BatchResult.from_dict(r) for r in answer["results"]]
 
-    def batcher(self, *, linger: float = 0.005, max_batch: int = 1000) -> EnqueueBatcher:
+    def batcher(self, *, linger: float = 0.001, max_batch: int = 1000) -> EnqueueBatcher:
         """A background batcher of single enqueues (see `taskforge_client.batching`).
 
         `batcher.enqueue(queue, payload, ...)` may be called from many threads; the
