@@ -495,7 +495,9 @@ class PushLoop(Loop):
             push=True,
         )
         if tasks:
-            self.sender.send([_job(task) for task in tasks])
+            # Each queue's target is parsed once per pass, not once per task.
+            targets = {queue.id: push.target_of(queue.push) for queue in ordered}
+            self.sender.send([_job(task, targets[task.queue_id]) for task in tasks])
         return len(tasks), retry_in
 
     def on_shutdown(self) -> None:
@@ -510,9 +512,8 @@ class PushLoop(Loop):
             )
 
 
-def _job(task: Task) -> Job:
-    # The task's queue is the row this pass took it with: a push queue.
-    target = push.target_of(task.queue.push)
+def _job(task: Task, target: push.PushTarget | None) -> Job:
+    # The task's queue is one this pass took from: a push queue.
     assert target is not None  # take(push=True) takes from push queues only
     return Job(
         task_id=str(task.pk),
