@@ -88,6 +88,13 @@ def settled(ids: list[str], *statuses: str) -> Callable[[], bool]:
     return lambda: Task.objects.filter(pk__in=ids, status__in=statuses).count() == len(ids)
 
 
+def retried(task_id: str) -> tuple[Task, float]:
+    """A task that failed an attempt, and the seconds from that failure to its next attempt."""
+    task = Task.objects.get(pk=task_id)
+    failed_at = TaskEvent.objects.get(task_id=task_id, to_status=S.RETRY).at
+    return task, (task.scheduled_at - failed_at).total_seconds()
+
+
 def test_delivers_the_payload_with_the_documented_headers_and_signature(target: Target) -> None:
     queue = push_queue(
         target,
@@ -211,9 +218,7 @@ def test_retry_after_of_a_429_or_503_replaces_the_backoff(
     with pushing():
         ids = enqueue(queue, {"n": 1})
         wait_for(settled(ids, S.RETRY))
-    task = Task.objects.get(pk=ids[0])
-    failed_at = TaskEvent.objects.get(task_id=ids[0], to_status=S.RETRY).at
-    delay = (task.scheduled_at - failed_at).total_seconds()
+    task, delay = retried(ids[0])
     assert expected - 2 <= delay <= expected
     assert task.last_error == f"HTTP {status}: slow down"
 
@@ -231,9 +236,7 @@ def test_a_retry_after_that_is_no_delay_is_ignored_or_zero(
     with pushing():
         ids = enqueue(queue, {"n": 1})
         wait_for(settled(ids, S.RETRY))
-    task = Task.objects.get(pk=ids[0])
-    failed_at = TaskEvent.objects.get(task_id=ids[0], to_status=S.RETRY).at
-    delay = (task.scheduled_at - failed_at).total_seconds()
+    _, delay = retried(ids[0])
     if past:
         assert delay == 0
     else:  # the usual backoff: 1..2 s after the first failure
