@@ -61,7 +61,15 @@ class TaskLookupMixin(QueueLookupMixin):
         return services.get_task(parse_task_id(self.kwargs["task_id"]), queue=queue)
 
 
-class TaskListView(QueueLookupMixin, HotView):
+# An enqueue endpoint: its handler gets the URL's queue (an unknown one is a 404). (No
+# docstring: drf-spectacular would take it for the operations' description.)
+class EnqueueView(QueueLookupMixin, HotView):
+    @staticmethod
+    def context(**kwargs: Any) -> dict[str, Any]:
+        return {"queue": queue_named(kwargs["name"], fresh=False)}
+
+
+class TaskListView(EnqueueView):
     roles = {"GET": PRODUCER, "POST": PRODUCER}
     body_limit = SINGLE_TASK  # the enqueue body
     body = ENQUEUE
@@ -112,10 +120,6 @@ class TaskListView(QueueLookupMixin, HotView):
         return self.serve_drf(request, name=name)
 
     @staticmethod
-    def context(**kwargs: Any) -> dict[str, Any]:
-        return {"queue": queue_named(kwargs["name"], fresh=False)}
-
-    @staticmethod
     def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
         [result] = services.enqueue(context["queue"], [to_spec(data)])
         return (
@@ -124,7 +128,7 @@ class TaskListView(QueueLookupMixin, HotView):
         )
 
 
-class TaskBatchView(QueueLookupMixin, HotView):
+class TaskBatchView(EnqueueView):
     roles = {"POST": PRODUCER}
     body = ENQUEUE_BATCH
 
@@ -145,10 +149,6 @@ class TaskBatchView(QueueLookupMixin, HotView):
     )
     def post(self, request: Request, name: str) -> Response:
         return self.serve_drf(request, name=name)
-
-    @staticmethod
-    def context(**kwargs: Any) -> dict[str, Any]:
-        return {"queue": queue_named(kwargs["name"], fresh=False)}
 
     @staticmethod
     def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
