@@ -61,7 +61,8 @@ FROM ({_SERIES}) g
 FILL_EVENTS = f"""
 INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt,
                              error)
-SELECT g.id, {_QUEUE}, g.at + e.offset_ms * interval '1 ms', e.from_status,
+SELECT g.id, CASE WHEN e.from_status = 'executing' THEN {_QUEUE} END,
+       g.at + e.offset_ms * interval '1 ms', e.from_status,
        coalesce(e.to_status, %(status)s), CASE WHEN e.worker THEN 'bench-worker' END, e.attempt,
        CASE WHEN e.to_status IS NULL AND %(status)s = 'dead'
             THEN 'RuntimeError: upstream said 503' END

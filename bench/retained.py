@@ -46,7 +46,7 @@ INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at, c
 SELECT id, %(queue_id)s::uuid, %(payload)s::jsonb, status, 5, at,
        CASE WHEN status <> 'cancelled' THEN at + interval '2 ms' END,
        CASE WHEN status <> 'cancelled' THEN 'history-worker-' || (i %% 16) END,
-       NULL,
+       CASE WHEN status <> 'cancelled' THEN 1 + i %% 4 END,
        CASE WHEN status <> 'cancelled' THEN at + interval '2 ms' END,
        CASE WHEN status = 'cancelled' THEN 0 ELSE 1 END, 0,
        CASE WHEN status = 'dead' THEN 'RuntimeError: upstream said 503' END,
@@ -58,7 +58,8 @@ FROM ({_SERIES}) g
 FILL_EVENTS = f"""
 INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt,
                              error)
-SELECT g.id, %(queue_id)s::uuid, g.at + e.offset_ms * interval '1 ms', e.from_status,
+SELECT g.id, CASE WHEN e.from_status = 'executing' THEN %(queue_id)s::uuid END,
+       g.at + e.offset_ms * interval '1 ms', e.from_status,
        e.to_status, CASE WHEN e.worker THEN 'history-worker-' || (g.i %% 16) END, e.attempt,
        CASE WHEN e.to_status = 'dead' THEN 'RuntimeError: upstream said 503' END
 FROM ({_SERIES}) g, LATERAL (

@@ -142,7 +142,9 @@ class Task(models.Model):
                 condition=Q(status="claimed"),
             ),
             # The task list: newest first, keyset-paginated on (created_at, id).
-            models.Index(fields=["queue", "-created_at", "-id"], name="task_queue_created_idx"),
+            # Ascending, read backwards: entries then go in at the index's right
+            # end, where a full page splits 90/10, not 50/50 (half the size).
+            models.Index(fields=["queue", "created_at", "id"], name="task_queue_created_idx"),
             # Every status but done, by queue: the task list with a status filter
             # (a `done` filter walks task_queue_created_idx, where nearly every
             # row is done) and the live depth of the stats (tasks.stats; with
@@ -191,10 +193,17 @@ class TaskEvent(models.Model):
         db_index=False,
         db_constraint=False,
     )
-    # Denormalised so per-queue throughput and error rate need no join.
-    # (Foreign keys here are indexed by the composite indexes in Meta.)
+    # Set on the outcomes of attempts only (events from `executing`), so that
+    # per-queue throughput and error rate (taskevent_outcome_idx) need no
+    # join; every other event finds its queue through its task.  NULL saves
+    # 16 bytes on three events of a task's four (docs/operations.md, "Storage").
     queue = models.ForeignKey(
-        Queue, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False
+        Queue,
+        on_delete=models.CASCADE,
+        related_name="+",
+        null=True,
+        db_index=False,
+        db_constraint=False,
     )
     at = models.DateTimeField()
     from_status = models.CharField(max_length=16, null=True, choices=TaskStatus.choices)

@@ -96,10 +96,10 @@ WITH new AS (
         AS i(id, payload, priority, scheduled_at, max_retries, key, buffer)
     RETURNING id, status
 ), events AS (
-    INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, attempt)
-    SELECT id, %(queue_id)s, %(now)s, NULL, 'pending', 0 FROM new
+    INSERT INTO tasks_taskevent (task_id, at, from_status, to_status, attempt)
+    SELECT id, %(now)s, NULL, 'pending', 0 FROM new
     UNION ALL
-    SELECT id, %(queue_id)s, %(now)s, 'pending', 'claimed', 0 FROM new
+    SELECT id, %(now)s, 'pending', 'claimed', 0 FROM new
     WHERE status = 'claimed'
 )
 SELECT pg_notify('{DISPATCH_CHANNEL}', %(queue_id)s::text) WHERE %(notify)s
@@ -138,8 +138,8 @@ WITH picked AS (
     RETURNING t.id, t.priority, t.scheduled_at, t.attempts,
               picked.status_changed_at AS previous_changed_at
 ), events AS (
-    INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, attempt)
-    SELECT id, %(queue_id)s, %(now)s, 'pending', 'claimed', attempts FROM moved
+    INSERT INTO tasks_taskevent (task_id, at, from_status, to_status, attempt)
+    SELECT id, %(now)s, 'pending', 'claimed', attempts FROM moved
 )
 SELECT id, priority, scheduled_at, attempts, previous_changed_at FROM moved
 ORDER BY priority, scheduled_at, id
@@ -180,8 +180,8 @@ WITH cur AS (
     WHERE t.id = cur.id AND {by_id_with_status("t", "claimed")}
     RETURNING {TASK_COLUMNS}, cur.status_changed_at AS previous_changed_at
 ), events AS (
-    INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt)
-    SELECT id, queue_id, %(now)s, 'claimed', 'executing', %(worker_id)s, attempts FROM moved
+    INSERT INTO tasks_taskevent (task_id, at, from_status, to_status, worker_id, attempt)
+    SELECT id, %(now)s, 'claimed', 'executing', %(worker_id)s, attempts FROM moved
 )
 SELECT * FROM moved
 """,  # nosec B608

@@ -457,7 +457,7 @@ def _move(
     TaskEvent.objects.bulk_create(
         TaskEvent(
             task_id=task.pk,
-            queue_id=task.queue_id,
+            queue_id=task.queue_id if from_status == S.EXECUTING else None,
             at=now,
             from_status=from_status,
             to_status=task.status,

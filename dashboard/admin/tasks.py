@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -19,6 +20,7 @@ from django.utils.html import format_html
 
 from dashboard import roles
 from dashboard.admin.base import LargeTableAdmin, ReadOnlyAdminMixin
+from queues.models import Queue
 from taskforge.audit.log import of_request
 from tasks import services
 from tasks.models import Task, TaskEvent
@@ -124,16 +126,44 @@ class TaskAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
             )
 
 
+class _EventQueueFilter(admin.SimpleListFilter):
+    """An event's queue is its task's (`TaskEvent.queue` is set on outcomes only)."""
+
+    title = "queue"
+    parameter_name = "queue__id__exact"  # the URL of a queue filter on any other list
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            (str(pk), name) for pk, name in Queue.objects.order_by("name").values_list("pk", "name")
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() is None:
+            return queryset
+        queue_id = _queue_filter(request)
+        if queue_id is None:
+            raise IncorrectLookupParameters(f"Not a queue id: {self.value()!r}")
+        return queryset.filter(task__queue_id=queue_id)
+
+
 @admin.register(TaskEvent)
 class TaskEventAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
-    list_display = ("at", "task_link", "queue", "from_status", "to_status", "worker_id", "attempt")
-    list_filter = ("queue", "to_status")
-    list_select_related = ("queue",)
+    list_display = (
+        "at",
+        "task_link",
+        "queue_name",
+        "from_status",
+        "to_status",
+        "worker_id",
+        "attempt",
+    )
+    list_filter = (_EventQueueFilter, "to_status")
+    list_select_related = ("task__queue",)
     search_fields = ("=task__id",)  # replaced by get_search_results
     search_help_text = "An exact task id, or an exact worker id."
     fields = (
         "task_link",
-        "queue",
+        "queue_name",
         "at",
         "from_status",
         "to_status",
@@ -141,21 +171,12 @@ class TaskEventAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
         "attempt",
         "error",
     )
-    readonly_fields = ("task_link",)
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[TaskEvent]:
-        events = super().get_queryset(request)
-        queue_id = _queue_filter(request)
-        # Events are indexed by queue only for the outcomes of attempts (the
-        # stats'), so a queue's events are found through its tasks: newest
-        # first on task_queue_created_idx, then each task's events on
-        # taskevent_task_idx.  (The queue filter itself still applies to the
-        # event's own column.)
-        return events if queue_id is None else events.filter(task__queue_id=queue_id)
+    readonly_fields = ("task_link", "queue_name")
 
     def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
-        # With a queue: its tasks newest first (task_queue_created_idx), each
-        # task's events newest first, so a page reads about 13 tasks whatever
+        # With a queue (_EventQueueFilter: through the tasks): its tasks newest
+        # first (task_queue_created_idx), then each task's events newest first
+        # (taskevent_by_task_idx), so a page reads about 13 tasks whatever
         # the history (the primary key, filtered by queue, would walk every
         # newer event of the other queues).  Without: the primary key.
         if _queue_filter(request) is not None:
@@ -170,3 +191,7 @@ class TaskEventAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
     @admin.display(description="Task")
     def task_link(self, event: TaskEvent) -> str:
         return _dashboard_link(event.task_id)
+
+    @admin.display(description="Queue")
+    def queue_name(self, event: TaskEvent) -> str:
+        return event.task.queue.name

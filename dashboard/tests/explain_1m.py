@@ -75,12 +75,13 @@ SEED_SQL = [
     """
     INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id,
                                  attempt, error)
-    SELECT id, queue_id, created_at, NULL, 'pending', NULL, 0, NULL FROM tasks_task
+    SELECT id, NULL, created_at, NULL, 'pending', NULL, 0, NULL FROM tasks_task
     """,
     """
     INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id,
                                  attempt, error)
-    SELECT id, queue_id, updated_at + interval '1 second',
+    SELECT id, CASE WHEN status IN ('done', 'dead', 'retry') THEN queue_id END,
+           updated_at + interval '1 second',
            CASE WHEN status IN ('done', 'dead', 'retry') THEN 'executing'
                 WHEN status = 'executing' THEN 'claimed' ELSE 'pending' END,
            status, claimed_by, attempts, last_error

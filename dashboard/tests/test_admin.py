@@ -92,7 +92,7 @@ def test_event_changelist__a_queue_through_its_tasks(
 
     listed = list(response.context["cl"].result_list)
     expected = sorted(
-        TaskEvent.objects.filter(queue=queue).select_related("task"),
+        TaskEvent.objects.filter(task__queue=queue).select_related("task"),
         key=lambda e: (e.task.created_at, e.task_id, e.id),
         reverse=True,
     )

@@ -75,8 +75,9 @@ def test_verbs__every_call_here_is_a_verb_of_the_module() -> None:
 def test_move__every_pair_is_allowed_or_refused_as_the_table_says(
     from_status: str, to_status: str
 ) -> None:
-    """An allowed pair moves through its verb with one event; any verb that could
-    reach `to_status` refuses (InvalidTransition) or skips a task in another status."""
+    """An allowed pair moves through its verb with one event (carrying the queue when
+    it is an attempt's outcome, models.TaskEvent.queue); any verb that could reach
+    `to_status` refuses (InvalidTransition) or skips a task in another status."""
     task = TaskFactory(status=from_status)
     events_before = TaskEvent.objects.filter(task=task).count()
     allowed = (from_status, to_status) in MOVES
@@ -89,6 +90,8 @@ def test_move__every_pair_is_allowed_or_refused_as_the_table_says(
         events = list(TaskEvent.objects.filter(task=task).order_by("id"))
         assert len(events) == events_before + 1
         assert (events[-1].from_status, events[-1].to_status) == (from_status, to_status)
+        outcome = from_status == S.EXECUTING
+        assert events[-1].queue_id == (task.queue_id if outcome else None)
         return
     reaching = [
         name
@@ -143,6 +146,7 @@ def test_create__writes_the_null_to_pending_event() -> None:
     task = TaskFactory()
     [event] = TaskEvent.objects.filter(task=task)
     assert (event.from_status, event.to_status, event.attempt) == (None, S.PENDING, 0)
+    assert event.queue_id is None  # not an attempt's outcome
 
 
 @pytest.mark.django_db
