@@ -111,6 +111,10 @@ class Worker:
         wait_seconds: the claim long-poll (0..30).
         ack_linger: how long an ack waits for others to go in the same `ack/batch` call.
             The slot is free meanwhile: the next claim does not wait for the ack.
+        claim_linger: when a slot frees while other handlers still run, how long the
+            next claim waits for them to return too, so that one claim fills several
+            slots (short tasks finish together; a claim costs the server the same
+            for one task as for many).
         client: a `TaskForge` to use instead of one built from url and api_key.
     """
 
@@ -127,6 +131,7 @@ class Worker:
         heartbeat_interval: float = 10.0,
         wait_seconds: float = 30.0,
         ack_linger: float = 0.005,
+        claim_linger: float = 0.002,
         client: TaskForge | None = None,
     ) -> None:
         if not queues:
@@ -141,6 +146,7 @@ class Worker:
         self.heartbeat_interval = heartbeat_interval
         self.wait_seconds = max(0.0, min(30.0, wait_seconds))
         self.ack_linger = ack_linger
+        self.claim_linger = max(0.0, claim_linger)
         self.client = client or TaskForge(url, api_key, maxsize=concurrency + 2)
         self._stop = threading.Event()
         self._signalled: int | None = None  # set by the signal handler, read by run()
@@ -218,6 +224,12 @@ class Worker:
             with self._slots:
                 while self._free() <= 0 and not self._stop.is_set():
                     self._slots.wait(1.0)
+                deadline = time.monotonic() + self.claim_linger
+                while self._busy and not self._stop.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._slots.wait(left)
                 free = self._free()
             if self._stop.is_set():
                 return

@@ -839,6 +839,53 @@ def test_worker__claims_again_while_an_ack_is_on_its_way(
     assert all(t.status == "done" for t in producer.list_tasks(name))
 
 
+def test_worker__one_claim_fills_the_slots_of_handlers_that_return_together(
+    admin: TaskForge, producer: TaskForge, keys: Keys, service: Service
+) -> None:
+    """Four handlers that return 10 ms apart free four slots; the next claim waits
+    `claim_linger` for them and asks for all four, not for the first one alone."""
+    name = qname()
+    admin.create_queue(name)
+    producer.enqueue_many(name, [TaskSpec({"sleep": 0.2 + n % 4 / 100}) for n in range(8)])
+    asked: list[int] = []
+    with running_worker(
+        service, keys.worker, name, sdk_handlers.slow, concurrency=4, claim_linger=0.1
+    ) as w:
+        claim = w.client.claim
+
+        def recording_claim(*args: Any, **kwargs: Any) -> Any:
+            tasks = claim(*args, **kwargs)
+            if tasks:
+                asked.append(kwargs["max_tasks"])
+            return tasks
+
+        w.client.claim = recording_claim  # type: ignore[method-assign]
+        wait_for(lambda: w.processed == 8, 30, "8 tasks acked")
+    assert len(asked) >= 2 and all(n == 4 for n in asked), asked
+
+
+def test_worker__claim_does_not_wait_for_a_handler_that_keeps_running(
+    admin: TaskForge, producer: TaskForge, keys: Keys, service: Service
+) -> None:
+    """`claim_linger` bounds the wait: with one handler busy for 3 s, the slot its
+    neighbour freed is claimed for after the linger, not after the long task."""
+    name = qname()
+    admin.create_queue(name)
+    long, short, third = producer.enqueue_many(
+        name, [TaskSpec({"sleep": 3}), TaskSpec({"sleep": 0}), TaskSpec({"sleep": 0})]
+    )
+    with running_worker(
+        service, keys.worker, name, sdk_handlers.slow, concurrency=2, claim_linger=0.3
+    ) as w:
+        wait_for(lambda: w.processed == 3, 30, "3 tasks acked")
+    moves = {
+        task.id: {e.to_status: e.at for e in producer.task_events(name, task.id) if e.at}
+        for task in (long, short, third)
+    }
+    assert moves[third.id]["executing"] - moves[short.id]["done"] < timedelta(seconds=2)
+    assert moves[third.id]["executing"] < moves[long.id]["done"] - timedelta(seconds=1)
+
+
 def test_worker__signal_handler_takes_no_lock(service: Service, keys: Keys) -> None:
     """Regression for issue 14: the SIGTERM handler called Event.set() (and logged); run
     in the main thread while that thread held the event's lock, it waited for it forever."""
