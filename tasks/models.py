@@ -124,6 +124,15 @@ class Task(models.Model):
                 name="task_executing_hb_idx",
                 condition=Q(status="executing"),
             ),
+            # Who holds what now (workers.models: GET /workers, the dashboard's
+            # worker states): a worker's executing tasks in one probe.  Through
+            # task_claimed_by_idx that walked the worker's whole history, and
+            # through task_executing_hb_idx every executing task of every worker.
+            models.Index(
+                fields=["claimed_by"],
+                name="task_executing_by_idx",
+                condition=Q(status="executing"),
+            ),
             # Used by the watchdog's retention (tasks.retention): finished tasks by age.
             models.Index(
                 fields=["status", "finished_at"],

@@ -31,7 +31,7 @@ def stale_before(now: datetime) -> datetime:
 
 
 def current_tasks(worker_ids: Iterable[str]) -> dict[str, list[str]]:
-    """Ids of the tasks each worker executes now (uses task_claimed_by_idx)."""
+    """Ids of the tasks each worker executes now (uses task_executing_by_idx)."""
     held: dict[str, list[str]] = defaultdict(list)
     for task_id, worker_id in Task.objects.filter(
         status=TaskStatus.EXECUTING, claimed_by__in=list(worker_ids)
@@ -53,7 +53,7 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
         return self.filter(last_seen_at__gte=now - SEEN_WITHIN)
 
     def with_holding(self) -> WorkerQuerySet:
-        """Annotate `holding`: whether the worker executes a task now (task_claimed_by_idx)."""
+        """Annotate `holding`: whether the worker executes a task now (task_executing_by_idx)."""
         return self.annotate(
             holding=Exists(
                 Task.objects.filter(status=TaskStatus.EXECUTING, claimed_by=OuterRef("worker_id"))
