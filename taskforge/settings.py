@@ -135,11 +135,16 @@ DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
 # A connection pool per process (psycopg_pool): threads of a gunicorn worker
 # that sit in long polls share a few connections instead of holding one each.
 DATABASE_POOL_MAX = env.int("DATABASE_POOL_MAX", default=16)
+# How long a request waits for a pooled connection before it answers 503.  A
+# statement holds one for milliseconds, so a wait this long means Postgres is
+# gone (the pool cannot reconnect) rather than busy: answer soon, and let the
+# clients' retries back off (it was 10 s: requests piled up for 10 s each).
+DATABASE_POOL_TIMEOUT = 3.0
 if DATABASE_POOL_MAX > 0:
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 1,
         "max_size": DATABASE_POOL_MAX,
-        "timeout": 10,
+        "timeout": DATABASE_POOL_TIMEOUT,
     }
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = 60
