@@ -629,6 +629,38 @@ def test_fleet__every_task_finishes_once_per_attempt(service: Service, api: Clie
     assert Task.objects.filter(queue__name="chaos", attempts__gt=1).count() > 50
 
 
+@pytest.mark.timeout(90)
+def test_postgres_cut_sessions__one_503_per_process_not_one_per_pooled_connection(
+    service: Service, api: Clients
+) -> None:
+    """Postgres ends every session (a restart, a failover, a proxy's idle timeout): the
+    first request that meets a dead pooled connection answers 503, and the pool checks
+    its other idle connections then, so the next requests find live ones."""
+    create_queue(api, "cut")
+    # Grow each API process's pool: concurrent batch enqueues hold connections at once.
+    body = {"tasks": [{"payload": {"n": n}} for n in range(500)]}
+    growers = [
+        threading.Thread(target=api.producer.ok, args=("POST", "/queues/cut/tasks/batch", body))
+        for _ in range(12)
+    ]
+    for thread in growers:
+        thread.start()
+    for thread in growers:
+        thread.join()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend' AND state = 'idle'"
+        )
+        [cut] = cursor.fetchone()
+    assert cut >= 6, f"only {cut} idle sessions to cut: the pools did not grow"
+    codes = Counter(api.producer.call("GET", "/queues/cut/stats")[0] for _ in range(40))
+    assert set(codes) <= {200, 503}, codes
+    api_processes = int(service.knob("WEB_WORKERS"))
+    assert codes[503] <= api_processes, codes
+
+
 # -- 2. Redis loses its data -----------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from rest_framework.views import set_rollback
 from taskforge.api.bodies import Invalid
 from taskforge.api.responses import error_body
 from taskforge.errors import TaskForgeError
+from taskforge.lib import pg
 from taskforge.lib.redisconn import CLUSTER_OUTAGES
 
 logger = logging.getLogger(__name__)
@@ -168,6 +169,8 @@ def error_answer(exc: Exception) -> tuple[int, dict[str, Any], dict[str, str]]:
     set_rollback()
     if isinstance(exc, _OUTAGES):
         logger.warning("request.unavailable", extra={"error": repr(exc)})
+        if isinstance(exc, OperationalError | InterfaceError):
+            pg.check_pool_soon()  # the pool's other connections may be dead too
         return (
             status.HTTP_503_SERVICE_UNAVAILABLE,
             error_body("unavailable", "A backing service (Postgres or Redis) is unavailable."),

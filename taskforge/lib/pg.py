@@ -1,7 +1,10 @@
-"""Postgres cursors for the hot paths."""
+"""Postgres cursors for the hot paths, and the connection pool's repair after an outage."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -10,6 +13,13 @@ from django.conf import settings
 from django.db import connection
 
 from taskforge.lib import internals
+
+logger = logging.getLogger(__name__)
+
+# At most one pool check at a time, and one a second (check_pool_soon).
+_pool_check = threading.Lock()
+_pool_checked_at = [0.0]
+POOL_CHECK_EVERY = 1.0
 
 
 @contextmanager
@@ -52,3 +62,32 @@ def planner_off(cursor: Any, methods: Sequence[str]) -> Iterator[None]:
     finally:
         for method in methods:
             cursor.execute(f"RESET {method}")
+
+
+def check_pool_soon() -> None:
+    """A request met a broken or missing Postgres connection: test the pool's idle ones.
+
+    After Postgres restarts (or a failover, or a proxy cutting idle sessions),
+    every connection the pool kept is dead, and each would fail a request of
+    its own with 503 before the pool dropped it.  `ConnectionPool.check()`
+    takes all idle connections out at once, drops the dead ones and opens new
+    ones, so that one request fails instead of one per pooled connection.  In
+    a thread of its own (the request answers at once), at most one at a time
+    and one a second; nothing without a pool (DATABASE_POOL_MAX=0).
+    """
+    now = time.monotonic()
+    if now - _pool_checked_at[0] < POOL_CHECK_EVERY or not _pool_check.acquire(blocking=False):
+        return
+    _pool_checked_at[0] = now
+
+    def check() -> None:
+        try:
+            pool = getattr(connection, "pool", None)  # the postgresql backend's
+            if pool is not None:
+                pool.check()
+        except Exception as exc:  # the server may still be down: the next failure retries
+            logger.info("pg.pool_check_failed", extra={"error": repr(exc)})
+        finally:
+            _pool_check.release()
+
+    threading.Thread(target=check, name="taskforge-pool-check", daemon=True).start()
