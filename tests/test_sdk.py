@@ -861,7 +861,8 @@ def test_worker__one_claim_fills_the_slots_of_handlers_that_return_together(
 
         w.client.claim = recording_claim  # type: ignore[method-assign]
         wait_for(lambda: w.processed == 8, 30, "8 tasks acked")
-    assert len(asked) >= 2 and all(n == 4 for n in asked), asked
+    # (The first claim may go out before the recorder is in place.)
+    assert asked and all(n == 4 for n in asked), asked
 
 
 def test_worker__claim_does_not_wait_for_a_handler_that_keeps_running(
