@@ -20,6 +20,14 @@ one slot, and each script, pipeline and multi-key command touches one slot
   out nothing until the count is rebuilt from Postgres (tasks.concurrency).
 - `tf:{<queue-id>}:counting` held (1 s at most) by the one claim rebuilding
   that count, so a crowd of waiting claims does not all read Postgres.
+- `tf:{<queue-id>}:watched` set (for WATCH_SECONDS, and again every second)
+  by a dispatcher that found the queue's buffer full and polls it for room,
+  refilling it from the backlog in Postgres; removed when it finds room.
+  While the mark has more than WATCH_MARGIN_MS to live, an enqueue of tasks
+  no more urgent than the buffer's least urgent needs no NOTIFY (`admit`):
+  every enqueue into a backlog sent one, and each woke the dispatcher for
+  nothing.  A dispatcher that dies leaves a mark that lapses within
+  WATCH_SECONDS.
 
 per task, `tf:{<task-id>}:hb`, a capped list of its recent heartbeat times
 (a diagnostic for the dashboard, see `workers.heartbeats`),
@@ -39,6 +47,7 @@ running set from its `executing` tasks.
 
 from __future__ import annotations
 
+import enum
 import os
 import threading
 import time
@@ -51,6 +60,7 @@ from typing import cast
 from django.conf import settings
 from redis.cluster import RedisCluster
 
+from taskforge.conf import conf
 from taskforge.lib.redisconn import Client, channel, connect
 
 
@@ -89,6 +99,24 @@ def counting_key(queue_id: uuid.UUID | str) -> str:
     return f"tf:{{{queue_id}}}:counting"
 
 
+def watched_key(queue_id: uuid.UUID | str) -> str:
+    return f"tf:{{{queue_id}}}:watched"
+
+
+# The life of a watched mark (set again every second while a buffer stays
+# full), and what must be left of it for an enqueue to skip its NOTIFY.
+WATCH_SECONDS = 3.0
+WATCH_MARGIN_MS = 1500
+
+
+class Admission(enum.Enum):
+    """What an enqueue does with its due tasks (`Buffer.admit`)."""
+
+    BUFFER = "buffer"  # they fit: straight into the buffer
+    WAKE = "wake"  # they stay pending; NOTIFY the dispatchers
+    QUIET = "quiet"  # they stay pending; a dispatcher watches the full buffer
+
+
 def heartbeats_key(task_id: uuid.UUID | str) -> str:
     """Capped list of a task's recent heartbeat times (workers.heartbeats)."""
     return f"tf:{{{task_id}}}:hb"
@@ -105,6 +133,25 @@ def score(priority: int, scheduled_at: datetime) -> int:
     """
     return priority * _PRIORITY_WEIGHT + (scheduled_at - _EPOCH) // _MS
 
+
+# KEYS[1] ready set, KEYS[2] watched mark; ARGV[1] how many due tasks, ARGV[2]
+# the buffer's size, ARGV[3] the best (lowest) score among them, ARGV[4]
+# WATCH_MARGIN_MS.  Returns 1 (they fit), 2 (full and watched, none more urgent
+# than the least urgent buffered task) or 0 (anything else: wake the dispatchers).
+_ADMIT = """
+local size = redis.call('ZCARD', KEYS[1])
+if size + tonumber(ARGV[1]) <= tonumber(ARGV[2]) then
+    return 1
+end
+if redis.call('PTTL', KEYS[2]) <= tonumber(ARGV[4]) then
+    return 0
+end
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] ~= nil and tonumber(ARGV[3]) < tonumber(last[2]) then
+    return 0
+end
+return 2
+"""
 
 # KEYS[1] ready set, KEYS[2] bucket, KEYS[3] running set, KEYS[4] counted
 # mark; ARGV[1] how many at most, ARGV[2] rate per second (0: unlimited),
@@ -271,6 +318,7 @@ class Buffer:
         self._release = client.register_script(_RELEASE)
         self._count = client.register_script(_COUNT)
         self._prune = client.register_script(_PRUNE)
+        self._admit = client.register_script(_ADMIT)
 
     def push(
         self, queue_id: uuid.UUID | str, items: Iterable[tuple[str, int]], *, wake: bool = False
@@ -298,6 +346,28 @@ class Buffer:
         pipe.publish(wake_channel(), f"{queue_id}:{len(mapping)}")
         added, _ = pipe.execute()
         return int(added)
+
+    def admit(self, queue_id: uuid.UUID | str, count: int, best_score: int) -> Admission:
+        """Where an enqueue's `count` due tasks go, the most urgent scoring `best_score`.
+
+        BUFFER when they fit (TASKFORGE_BUFFER_SIZE); otherwise they stay
+        pending, QUIET when a dispatcher watches the full buffer (`watch`) and
+        none of them is more urgent than its least urgent task, else WAKE (a
+        NOTIFY makes a dispatcher swap them in, or start watching).  One round trip.
+        """
+        answer = self._admit(
+            keys=[ready_key(queue_id), watched_key(queue_id)],
+            args=[count, conf.BUFFER_SIZE, best_score, WATCH_MARGIN_MS],
+        )
+        return {1: Admission.BUFFER, 2: Admission.QUIET}.get(int(answer), Admission.WAKE)
+
+    def watch(self, queue_id: uuid.UUID | str) -> None:
+        """Say that a dispatcher polls the queue's full buffer (for WATCH_SECONDS)."""
+        self.client.set(watched_key(queue_id), "1", px=int(WATCH_SECONDS * 1000))
+
+    def unwatch(self, queue_id: uuid.UUID | str) -> None:
+        """The buffer has room again: enqueues into the queue NOTIFY again."""
+        self.client.delete(watched_key(queue_id))
 
     def take(
         self,
@@ -439,6 +509,7 @@ class Buffer:
             counted_key(queue_id),
             counting_key(queue_id),
             epoch_key(queue_id),
+            watched_key(queue_id),
         )
 
 

@@ -14,7 +14,13 @@ the tick (TASKFORGE_DISPATCHER_TICK_SECONDS) is only the fallback.
 Each queue's buffer holds at most TASKFORGE_BUFFER_SIZE tasks so Redis holds
 the head of each backlog, not all of it.  When the buffer is full and a
 more urgent task arrives, it goes in and the least urgent buffered task goes
-back to `pending`, so hand-out order stays exact.
+back to `pending`, so hand-out order stays exact.  A queue found with a full
+buffer is watched: polled every FULL_BUFFER_POLL for room while it stays full,
+and marked so in Redis (`Buffer.watch`), so that enqueues into its backlog that
+are no more urgent than the buffer send no NOTIFY (`Buffer.admit`).  The mark
+goes when the buffer is found with room and the backlog moved in; an enqueue
+that read it just before commits a task the next pass finds, or, if that pass
+found the backlog empty, the fallback tick (TASKFORGE_DISPATCHER_TICK_SECONDS).
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ FULL_BUFFER_POLL = 0.05
 BURST_SECONDS = 0.05
 GATHER_SECONDS = 0.01
 IDLE, MORE, FULL = object(), object(), object()
+# A watched queue's mark in Redis is set again after this long (Buffer.watch).
+REMARK_SECONDS = 1.0
 
 
 class DispatcherLoop(Loop):
@@ -65,6 +73,7 @@ class DispatcherLoop(Loop):
         self._last_wake = 0.0
         self._more: set[str] = set()  # queue ids whose last batch was full
         self._full: set[str] = set()  # queue ids whose buffer is full (a backlog waits)
+        self._marked: dict[str, float] = {}  # queue id -> when last marked watched
         self._next_full_pass = 0.0
 
     @property
@@ -98,7 +107,24 @@ class DispatcherLoop(Loop):
                 self._more.add(key)
             elif outcome is FULL:
                 self._full.add(key)
+            self._mark(queue, watched=outcome is FULL)
         return bool(self._more)
+
+    def _mark(self, queue: Queue, *, watched: bool) -> None:
+        """Say to enqueues whether this loop polls the queue's full buffer (Buffer.admit).
+
+        Set again once a second at most while the buffer stays full (it then
+        always has more than WATCH_MARGIN_MS to live), removed once it is not.
+        """
+        key, now = str(queue.id), time.monotonic()
+        try:
+            if watched and now - self._marked.get(key, -REMARK_SECONDS) >= REMARK_SECONDS:
+                get_buffer().watch(queue.id)
+                self._marked[key] = now
+            elif not watched and self._marked.pop(key, None) is not None:
+                get_buffer().unwatch(queue.id)
+        except REDIS_FAILURES:
+            pass  # the mark lapses by itself: enqueues then NOTIFY as usual
 
     def dispatch(self, queue: Queue, *, preempt: bool = True) -> object:
         """Buffer one batch of the queue's due pending tasks.

@@ -22,11 +22,10 @@ from queues.exceptions import QueueNotEmpty, UnknownQueue
 from queues.models import Queue
 from taskforge.audit.log import Actor, record, record_each
 from taskforge.audit.models import Action
-from taskforge.conf import conf
 from taskforge.errors import NotFound
 from taskforge.lib.redisconn import REDIS_FAILURES
 from tasks import transitions
-from tasks.buffer import get_buffer, score
+from tasks.buffer import Admission, get_buffer, score
 from tasks.models import Schedule, Task, TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -132,9 +131,13 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
     # Due tasks of a running queue go straight into the buffer when they fit:
     # no wait for the dispatcher's hop.  A batch that would overflow the
     # buffer (a backlog) is left to the dispatcher, which keeps hand-out order.
-    due = sum(task.scheduled_at <= now for task in new)
-    fast = not queue.paused and _buffer_has_room(queue, due)
-    stored = transitions.create(new, now=now, buffer=fast)
+    admission = _admission(queue, [task for task in new if task.scheduled_at <= now])
+    stored = transitions.create(
+        new,
+        now=now,
+        buffer=admission is Admission.BUFFER,
+        wake=admission is not Admission.QUIET,
+    )
     buffered = [task for task in stored if task.status == TaskStatus.CLAIMED]
     if buffered:
         transaction.on_commit(lambda: _push_buffered(queue, buffered))
@@ -150,13 +153,15 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
     return results
 
 
-def _buffer_has_room(queue: Queue, count: int) -> bool:
-    if count == 0:
-        return False
+def _admission(queue: Queue, due: Sequence[transitions.NewTask]) -> Admission:
+    """Where the due tasks go (tasks.buffer.Buffer.admit); a paused queue's stay pending."""
+    if queue.paused or not due:
+        return Admission.WAKE
+    best = min(score(task.priority, task.scheduled_at) for task in due)
     try:
-        return get_buffer().size(queue.id) + count <= conf.BUFFER_SIZE
+        return get_buffer().admit(queue.id, len(due), best)
     except REDIS_FAILURES:
-        return False  # Redis is down: the tasks wait as pending, the dispatcher retries
+        return Admission.WAKE  # Redis is down: the tasks wait as pending, the dispatcher retries
 
 
 def _push_buffered(queue: Queue, tasks: Sequence[Task]) -> None:

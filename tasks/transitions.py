@@ -87,14 +87,21 @@ class NewTask:
 
 @verb(sql.CREATE.edges)
 def create(
-    new: Sequence[NewTask], *, now: datetime | None = None, buffer: bool = False
+    new: Sequence[NewTask],
+    *,
+    now: datetime | None = None,
+    buffer: bool = False,
+    wake: bool = True,
 ) -> list[Task]:
     """Insert new tasks as `pending` (the move from nothing); return them as stored.
 
     One statement per queue writes the tasks and their events.  With
     `buffer`, tasks already due go on to `claimed` in the same statement
     (the caller pushes those to Redis after commit); otherwise due tasks wake
-    the dispatchers (NOTIFY, on commit).  Returns the tasks in the order
+    the dispatchers (NOTIFY, on commit), unless `wake` is False: the caller
+    learnt that a dispatcher watches the queue's full buffer and that none of
+    them is more urgent than what it holds (tasks.buffer.Admission.QUIET), so
+    they wait in the backlog it refills from.  Returns the tasks in the order
     given, each with the status its row has, built as a query would load
     them.  Caller contract: inside `atomic()` when several statements must
     stand or fall together.
@@ -125,9 +132,8 @@ def create(
                     "max_retries": [task.max_retries for task in group],
                     "keys": [task.idempotency_key for task in group],
                     "buffer": [task.status == S.CLAIMED for task in group],
-                    "notify": any(
-                        task.status == S.PENDING and task.scheduled_at <= now for task in group
-                    ),
+                    "notify": wake
+                    and any(t.status == S.PENDING and t.scheduled_at <= now for t in group),
                     "wake_at": _earliest_later(group, now),
                 },
             )

@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 import redis
 
 from tasks.buffer import (
+    WATCH_MARGIN_MS,
+    Admission,
     Buffer,
     bucket_key,
     counted_key,
@@ -15,6 +18,7 @@ from tasks.buffer import (
     running_key,
     score,
     wake_channel,
+    watched_key,
 )
 
 pytestmark = pytest.mark.usefixtures("redis_client")
@@ -170,3 +174,17 @@ def test_start_counting__one_caller_at_a_time(buffer: Buffer) -> None:
     assert buffer.start_counting("q") is False
     buffer.done_counting("q")
     assert buffer.start_counting("q") is True
+
+
+def test_admit__into_the_buffer_or_pending_with_or_without_a_wake_up(
+    buffer: Buffer, redis_client: redis.Redis, settings: Any
+) -> None:
+    settings.TASKFORGE_BUFFER_SIZE = 2
+    assert buffer.admit("adm", 2, 500) is Admission.BUFFER
+    buffer.push("adm", [("a", 100), ("b", 300)])
+    assert buffer.admit("adm", 1, 500) is Admission.WAKE  # full, and nobody watches it
+    buffer.watch("adm")
+    assert buffer.admit("adm", 1, 300) is Admission.QUIET  # no more urgent than "b"
+    assert buffer.admit("adm", 1, 299) is Admission.WAKE  # more urgent: to be swapped in
+    redis_client.set(watched_key("adm"), "1", px=WATCH_MARGIN_MS - 200)  # a watch ending
+    assert buffer.admit("adm", 1, 500) is Admission.WAKE

@@ -12,10 +12,11 @@ from django.utils import timezone
 from queues.notify import DISPATCH_CHANNEL
 from queues.tests.factories import QueueFactory
 from tasks import buffer as buffer_module
-from tasks import dispatcher
+from tasks import dispatcher, services
 from tasks.buffer import get_buffer
 from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskStatus
+from tasks.services import TaskSpec
 from tasks.tests.factories import TaskFactory
 
 S = TaskStatus
@@ -72,6 +73,44 @@ def test_tick__full_buffer_admits_more_urgent_tasks(settings) -> None:
     loop.tick()
     assert statuses(urgent, *slow) == [S.CLAIMED, S.CLAIMED, S.PENDING]
     assert get_buffer().take(queue.id, 10, None).ids == [str(urgent.pk), str(slow[0].pk)]
+
+
+def test_tick__watches_a_full_buffer_and_refills_it_as_it_drains(settings) -> None:
+    """Found full, a queue's buffer is polled for room and marked watched (so that
+    enqueues into its backlog need not NOTIFY): no wake-up needed to refill it.  The
+    mark goes once the buffer has room again."""
+    settings.TASKFORGE_BUFFER_SIZE = 2
+    queue = QueueFactory()
+    tasks = [TaskFactory(queue=queue) for _ in range(3)]
+    loop = DispatcherLoop()
+    loop.tick()
+    assert statuses(*tasks) == [S.CLAIMED, S.CLAIMED, S.PENDING]
+    assert get_buffer().client.pttl(buffer_module.watched_key(queue.id)) > 0
+    get_buffer().take(queue.id, 2, None)  # claims drain it
+    assert not loop._woken and loop._next_full_pass > time.monotonic()
+    loop.tick()
+    assert statuses(tasks[2]) == [S.CLAIMED]
+    assert not get_buffer().client.exists(buffer_module.watched_key(queue.id))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue__into_a_watched_full_buffer_wakes_dispatchers_only_for_more_urgent_tasks(
+    settings,
+) -> None:
+    settings.TASKFORGE_BUFFER_SIZE = 2
+    queue = QueueFactory()
+    services.enqueue(queue, [TaskSpec(payload={"n": n}) for n in range(2)])  # buffered
+    loop = DispatcherLoop()
+    loop.tick()  # finds it full: watches it
+    loop._next_full_pass = time.monotonic() + 60
+    loop.wait(0.01)  # LISTEN before anything is sent
+    [same] = services.enqueue(queue, [TaskSpec(payload={"n": 2})])
+    loop.wait(0.3)
+    assert same.task.status == S.PENDING and loop._woken == set()
+    [urgent] = services.enqueue(queue, [TaskSpec(payload={"n": 3}, priority=1)])
+    loop.wait(2.0)
+    assert urgent.task.status == S.PENDING and loop._woken == {str(queue.id)}
+    loop._listener.reset()
 
 
 def test_tick__redis_down_puts_tasks_back_to_pending(monkeypatch) -> None:
