@@ -74,8 +74,8 @@ FROM ({_SERIES}) g, LATERAL (
 
 FILL_DLQ = """
 INSERT INTO dlq_deadlettertask (task_id, queue_id, payload, last_error, attempts, died_at,
-                                replayed_at, replay_count)
-SELECT id, queue_id, payload, last_error, attempts, finished_at, NULL, 0
+                                replayed_at, replay_count, deaths)
+SELECT id, queue_id, payload, last_error, attempts, finished_at, NULL, 0, 1
 FROM tasks_task WHERE queue_id = ANY(%(queue_ids)s::uuid[]) AND status = 'dead'
 """
 

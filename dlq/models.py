@@ -5,15 +5,22 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import models
+from django.db.models import F
 
 from queues.models import Queue
-from tasks.models import Task, TaskStatus
+from tasks.models import Task
 
 
 class DeadLetterQuerySet(models.QuerySet["DeadLetterTask"]):
     def dead_now(self) -> DeadLetterQuerySet:
-        """Entries whose task is dead now: the DLQ (a replayed task keeps its entry)."""
-        return self.filter(task__status=TaskStatus.DEAD)
+        """Entries whose task is dead now: the DLQ (a replayed task keeps its entry).
+
+        Read from the entry alone, died more often than replayed, not from its
+        task's status: a page of the DLQ then walks dlq_queue_died_idx and stops
+        when full, where a join with the tasks read every dead task of every
+        queue (the planner cannot know that nearly every entry's task is dead).
+        """
+        return self.filter(deaths__gt=F("replay_count"))
 
     def died_between(
         self, after: datetime | None = None, before: datetime | None = None
@@ -44,6 +51,10 @@ class DeadLetterTask(models.Model):
     died_at = models.DateTimeField()
     replayed_at = models.DateTimeField(null=True)
     replay_count = models.PositiveIntegerField(default=0)
+    # How many times the task died: one more than its replays while it is dead
+    # (`dead_now`).  Both move only in the transaction of the task's move
+    # (dlq.receivers).
+    deaths = models.PositiveIntegerField(default=1)
 
     objects = DeadLetterQuerySet.as_manager()
 

@@ -21,16 +21,18 @@ def on_dead_lettered(
 ) -> None:
     """One entry per task: a replayed task that dies again updates its entry."""
     for task in tasks:
-        DeadLetterTask.objects.update_or_create(
-            task=task,
-            defaults={
-                "queue_id": task.queue_id,
-                "payload": task.payload,
-                "last_error": error,
-                "attempts": task.attempts,
-                "died_at": now,
-            },
+        fields = {
+            "queue_id": task.queue_id,
+            "payload": task.payload,
+            "last_error": error,
+            "attempts": task.attempts,
+            "died_at": now,
+        }
+        died_again = DeadLetterTask.objects.filter(task=task).update(
+            deaths=F("deaths") + 1, **fields
         )
+        if not died_again:
+            DeadLetterTask.objects.create(task=task, deaths=1, **fields)
 
 
 def on_replayed(sender: Any, *, tasks: Sequence[Task], now: datetime, **kwargs: Any) -> None:

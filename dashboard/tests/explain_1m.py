@@ -89,8 +89,8 @@ SEED_SQL = [
     """,
     """
     INSERT INTO dlq_deadlettertask (task_id, queue_id, payload, last_error, attempts, died_at,
-                                    replayed_at, replay_count)
-    SELECT id, queue_id, payload, last_error, attempts, finished_at, NULL, 0
+                                    replayed_at, replay_count, deaths)
+    SELECT id, queue_id, payload, last_error, attempts, finished_at, NULL, 0, 1
     FROM tasks_task WHERE status = 'dead'
     """,
     # The DLQ depths TaskForge keeps beside its moves (tasks.dlqdepth).

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework import status
 from rest_framework.test import APIClient
 
@@ -127,3 +129,29 @@ def test_dead_again_after_replay_updates_the_entry(admin_client: APIClient, queu
     [entry] = admin_client.get("/queues/q/dlq").json()["results"]
     assert (entry["id"], entry["replay_count"]) == (str(task.pk), 1)
     assert entry["replayed_at"] is not None
+
+
+def test_list__reads_the_entries_alone(admin_client: APIClient, queue) -> None:
+    """Whether an entry's task is dead now is on the entry (deaths > replays): a page
+    walks dlq_queue_died_idx and stops, with no join to every dead task of every queue."""
+    for _ in range(3):
+        TaskFactory(queue=queue, status=S.DEAD)
+    with CaptureQueriesContext(connection) as queries:
+        assert len(admin_client.get("/queues/q/dlq").json()["results"]) == 3
+    [listing] = [q["sql"] for q in queries.captured_queries if "dlq_deadlettertask" in q["sql"]]
+    assert "tasks_task" not in listing
+
+
+def test_migration_0003__counts_the_deaths_of_replayed_entries(queue) -> None:
+    """The entries of replayed tasks get their death count from their task's status now."""
+    from importlib import import_module
+
+    migration = import_module("dlq.migrations.0003_deaths")
+    dead_again = TaskFactory(queue=queue, status=S.DEAD)
+    running = TaskFactory(queue=queue, status=S.DEAD)
+    DeadLetterTask.objects.filter(task__in=[dead_again, running]).update(replay_count=1, deaths=1)
+    Task.objects.filter(pk=running.pk).update(status=S.PENDING)  # as after its replay
+    with connection.cursor() as cursor:
+        cursor.execute(migration.SET_REPLAYED)
+    deaths = dict(DeadLetterTask.objects.values_list("task_id", "deaths"))
+    assert (deaths[dead_again.pk], deaths[running.pk]) == (2, 1)

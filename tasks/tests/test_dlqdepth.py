@@ -17,6 +17,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from dlq import services as dlq
+from dlq.models import DeadLetterTask
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge.api.models import ApiKey
@@ -55,6 +56,10 @@ def actual() -> dict[Any, int]:
 
 def exact(expected: dict[Queue, int]) -> None:
     assert counted() == actual()
+    # The DLQ lists exactly the dead tasks (DeadLetterTask.dead_now: deaths > replays).
+    assert set(DeadLetterTask.objects.dead_now().values_list("task_id", flat=True)) == set(
+        Task.objects.filter(status=S.DEAD).values_list("pk", flat=True)
+    )
     assert {queue.pk: counted()[queue.pk] for queue in expected} == {
         queue.pk: n for queue, n in expected.items()
     }
