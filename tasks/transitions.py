@@ -118,13 +118,13 @@ def create(
                 {
                     "queue_id": queue_id,
                     "now": now,
-                    "ids": [task.pk for task in group],
-                    "payloads": [jsonutil.dumps(task.payload).decode() for task in group],
-                    "priorities": [task.priority for task in group],
-                    "scheduled": [task.scheduled_at for task in group],
-                    "max_retries": [task.max_retries for task in group],
-                    "keys": [task.idempotency_key for task in group],
-                    "buffer": [task.status == S.CLAIMED for task in group],
+                    "ids": pg.array(task.pk for task in group),
+                    "payloads": pg.array(jsonutil.dumps(task.payload).decode() for task in group),
+                    "priorities": pg.array(task.priority for task in group),
+                    "scheduled": pg.array(task.scheduled_at for task in group),
+                    "max_retries": pg.array(task.max_retries for task in group),
+                    "keys": pg.array(task.idempotency_key for task in group),
+                    "buffer": pg.array(task.status == S.CLAIMED for task in group),
                     "notify": any(
                         task.status == S.PENDING and task.scheduled_at <= now for task in group
                     ),
@@ -247,7 +247,7 @@ def hand_out(
         return []
     now = now or timezone.now()
     params = {
-        "ids": list(ids),
+        "ids": pg.array(ids),
         "worker_id": worker_id,
         "key_id": key_id,
         "now": now,
@@ -284,9 +284,9 @@ def ack(
         "worker_id": worker_id,
         "key_id": key_id,
         "now": now,
-        "ids": [item[0] for item in items],
-        "attempts": [item[1] for item in items],
-        "results": [item[2] for item in items],
+        "ids": pg.array(item[0] for item in items),
+        "attempts": pg.array(item[1] for item in items),
+        "results": pg.array(item[2] for item in items),
     }
     moved = _run(sql.ACK.text, params, queues)
     _log_rows(moved, S.EXECUTING, event="acked", now=now, worker_id=worker_id)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -52,3 +54,48 @@ def planner_off(cursor: Any, methods: Sequence[str]) -> Iterator[None]:
     finally:
         for method in methods:
             cursor.execute(f"RESET {method}")
+
+
+def array(values: Iterable[Any]) -> str:
+    """`values` as the text of a Postgres array, for a parameter whose statement
+    casts it (`%(ids)s::uuid[]`, `%(payloads)s::text[]`, ...).
+
+    psycopg dumps a list parameter element by element in Python: it picks a
+    dumper for the list from its elements, then dumps each one, tests it
+    against a regex and escapes it (~1.8 us an element: a batch enqueue's
+    seven arrays of 1000 cost more than its INSERT).  This writes the text
+    Postgres reads: a string in double quotes with its backslashes and double
+    quotes escaped (read back as it was, whatever it holds: commas, braces,
+    spaces, "NULL"), None as NULL, and integers, booleans, UUIDs and aware
+    datetimes as they print, which never need quotes.
+
+    Raises:
+        TypeError: a value of another type.
+    """
+    return "{" + ",".join([_element(value) for value in values]) + "}"
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_ELEMENT: dict[type, Callable[[Any], str]] = {
+    str: _quoted,
+    int: int.__repr__,
+    bool: lambda value: "t" if value else "f",
+    uuid.UUID: uuid.UUID.__str__,
+    datetime: datetime.isoformat,
+    type(None): lambda value: "NULL",
+}
+
+
+def _element(value: Any) -> str:
+    write = _ELEMENT.get(type(value))
+    if write is None:  # a subclass (a str enum, an int enum, a datetime subclass)
+        for kind in (bool, int, str, uuid.UUID, datetime):
+            if isinstance(value, kind):
+                write = _ELEMENT[kind]
+                break
+        else:
+            raise TypeError(f"no Postgres array text for {type(value).__name__}")
+    return write(value)
