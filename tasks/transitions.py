@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils import timezone
 
 from queues import lookup
@@ -168,7 +168,7 @@ def _stored(item: NewTask, status: str, now: datetime) -> Task:
     values[_AT["idempotency_key"]] = item.idempotency_key
     values[_AT["created_at"]] = values[_AT["updated_at"]] = now
     values[_AT["status_changed_at"]] = now
-    task = Task.from_db(connection.alias, _ATTNAMES, values)
+    task = Task.from_db(DEFAULT_DB_ALIAS, _ATTNAMES, values)
     task.queue = item.queue
     return task
 
@@ -486,7 +486,7 @@ def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) ->
         if names is None or len(names) != cursor.cursor.pgresult.nfields:
             names = _column_names[query] = [column.name for column in cursor.description]
         rows = cursor.fetchall()
-    tasks = internals.instances_from_rows(Task, names, rows, using=connection.alias)
+    tasks = internals.instances_from_rows(Task, names, rows, using=DEFAULT_DB_ALIAS)
     known: dict[Any, Queue] = dict(queues or {})
     missing = {task.queue_id for task in tasks} - set(known)
     if missing:

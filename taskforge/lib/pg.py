@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from taskforge.lib import internals
 
@@ -36,7 +36,10 @@ def cursor() -> Iterator[Any]:
     on every call.
     """
     prepare = settings.DATABASE_PREPARED_STATEMENTS
-    with internals.prepared_cursor(connection, prepare=prepare) as wrapper:
+    # This thread's connection itself: each attribute read through the
+    # `django.db.connection` proxy looks the connection up again (asgiref's
+    # Local), half a dozen times per cursor.
+    with internals.prepared_cursor(connections[DEFAULT_DB_ALIAS], prepare=prepare) as wrapper:
         yield wrapper
 
 
