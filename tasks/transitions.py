@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.utils import timezone
 
 from queues import lookup
@@ -125,13 +125,13 @@ def create(
                 {
                     "queue_id": queue_id,
                     "now": now,
-                    "ids": [task.pk for task in group],
-                    "payloads": [jsonutil.dumps(task.payload).decode() for task in group],
-                    "priorities": [task.priority for task in group],
-                    "scheduled": [task.scheduled_at for task in group],
-                    "max_retries": [task.max_retries for task in group],
-                    "keys": [task.idempotency_key for task in group],
-                    "buffer": [task.status == S.CLAIMED for task in group],
+                    "ids": pg.array(task.pk for task in group),
+                    "payloads": pg.array(jsonutil.dumps(task.payload).decode() for task in group),
+                    "priorities": pg.array(task.priority for task in group),
+                    "scheduled": pg.array(task.scheduled_at for task in group),
+                    "max_retries": pg.array(task.max_retries for task in group),
+                    "keys": pg.array(task.idempotency_key for task in group),
+                    "buffer": pg.array(task.status == S.CLAIMED for task in group),
                     "notify": wake
                     and any(t.status == S.PENDING and t.scheduled_at <= now for t in group),
                     "wake_at": _earliest_later(group, now),
@@ -174,7 +174,7 @@ def _stored(item: NewTask, status: str, now: datetime) -> Task:
     values[_AT["idempotency_key"]] = item.idempotency_key
     values[_AT["created_at"]] = values[_AT["updated_at"]] = now
     values[_AT["status_changed_at"]] = now
-    task = Task.from_db(connection.alias, _ATTNAMES, values)
+    task = Task.from_db(DEFAULT_DB_ALIAS, _ATTNAMES, values)
     task.queue = item.queue
     return task
 
@@ -253,7 +253,7 @@ def hand_out(
         return []
     now = now or timezone.now()
     params = {
-        "ids": list(ids),
+        "ids": pg.array(ids),
         "worker_id": worker_id,
         "key_id": key_id,
         "now": now,
@@ -290,9 +290,9 @@ def ack(
         "worker_id": worker_id,
         "key_id": key_id,
         "now": now,
-        "ids": [item[0] for item in items],
-        "attempts": [item[1] for item in items],
-        "results": [item[2] for item in items],
+        "ids": pg.array(item[0] for item in items),
+        "attempts": pg.array(item[1] for item in items),
+        "results": pg.array(item[2] for item in items),
     }
     moved = _run(sql.ACK.text, params, queues)
     _log_rows(moved, S.EXECUTING, event="acked", now=now, worker_id=worker_id)
@@ -492,7 +492,7 @@ def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) ->
         if names is None or len(names) != cursor.cursor.pgresult.nfields:
             names = _column_names[query] = [column.name for column in cursor.description]
         rows = cursor.fetchall()
-    tasks = internals.instances_from_rows(Task, names, rows, using=connection.alias)
+    tasks = internals.instances_from_rows(Task, names, rows, using=DEFAULT_DB_ALIAS)
     known: dict[Any, Queue] = dict(queues or {})
     missing = {task.queue_id for task in tasks} - set(known)
     if missing:

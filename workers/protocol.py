@@ -37,7 +37,7 @@ from queues.exceptions import UnknownQueue
 from queues.models import Queue
 from queues.push import target_of as push_target_of
 from taskforge.api import revocation
-from taskforge.lib import jsonutil, stopping
+from taskforge.lib import jsonutil, pg, stopping
 from tasks import concurrency, transitions
 from tasks.buffer import get_buffer, score
 from tasks.models import Task, TaskStatus, lease_ends_at
@@ -301,8 +301,8 @@ def heartbeat(worker_id: str, items: Sequence[Item], *, key_id: int | None = Non
                 "worker_id": worker_id,
                 "key_id": key_id,
                 "now": now,
-                "ids": [item.task_id for item in items],
-                "attempts": [item.attempt for item in items],
+                "ids": pg.array(item.task_id for item in items),
+                "attempts": pg.array(item.attempt for item in items),
             },
         )
         beaten = {str(task_id): at for task_id, at in cursor.fetchall()}

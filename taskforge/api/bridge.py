@@ -16,11 +16,12 @@ This bridge is the RSGI application.  On the event loop it:
   stream) watches for the client hanging up and exposes it to the view as
   `environ["taskforge.disconnected"]` (see taskforge.api.peer);
 
-and then runs Django's ordinary WSGI handler on a thread pool.  A waiting long
-poll holds one pool thread (idle: no CPU, no database connection, ~100 KB);
-the pool is sized for the fleet (TASKFORGE_WEB_THREADS).  Everything else in
-the request (middleware, authentication, views, logging, metrics) is the same
-Django code that `gunicorn taskforge.wsgi` serves.
+and then runs Django's ordinary WSGI handler on a thread pool, whose thread
+sends the answer.  A waiting long poll holds one pool thread (idle: no CPU, no
+database connection, ~100 KB); the pool is sized for the fleet
+(TASKFORGE_WEB_THREADS).  Everything else in the request (middleware,
+authentication, views, logging, metrics) is the same Django code that
+`gunicorn taskforge.wsgi` serves.
 """
 
 from __future__ import annotations
@@ -260,11 +261,9 @@ class DjangoBridge:
             environ["taskforge.disconnected"] = gone.is_set
             watcher = loop.create_task(self._watch(protocol, gone))
         try:
-            answer = await self.pool.run(loop, self._call, environ)
-            if isinstance(answer, tuple):
-                protocol.response_bytes(*answer)
-            else:
-                await self.pool.run(loop, self._stream, answer, protocol, loop)
+            stream = await self.pool.run(loop, self._respond, environ, protocol)
+            if stream is not None:
+                await self.pool.run(loop, self._stream, stream, protocol, loop)
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -365,7 +364,22 @@ class DjangoBridge:
 
     # The thread's side --------------------------------------------------------
 
-    def _call(self, environ: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes] | Any:
+    def _respond(self, environ: dict[str, Any], protocol: _Protocol) -> _Stream | None:
+        """Run the WSGI application and send its whole answer from this thread; a
+        streaming answer is returned instead, for `_stream`.
+
+        granian takes an answer from any thread (its protocol object hands it to
+        Rust under a lock of its own).  Sent from here, an answer leaves as soon as
+        it is made; sent from the event loop, it first waited for the loop's thread
+        to get the GIL back from the threads running other requests' Python.
+        """
+        answer = self._call(environ)
+        if isinstance(answer, _Stream):
+            return answer
+        protocol.response_bytes(*answer)
+        return None
+
+    def _call(self, environ: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes] | _Stream:
         """Run the WSGI application; a whole answer, or the started stream to send."""
         started: list[Any] = []
 

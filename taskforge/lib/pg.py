@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from taskforge.lib import internals
 
@@ -44,7 +46,10 @@ def cursor() -> Iterator[Any]:
     on every call.
     """
     prepare = settings.DATABASE_PREPARED_STATEMENTS
-    with internals.prepared_cursor(connection, prepare=prepare) as wrapper:
+    # This thread's connection itself: each attribute read through the
+    # `django.db.connection` proxy looks the connection up again (asgiref's
+    # Local), half a dozen times per cursor.
+    with internals.prepared_cursor(connections[DEFAULT_DB_ALIAS], prepare=prepare) as wrapper:
         yield wrapper
 
 
@@ -82,7 +87,7 @@ def check_pool_soon() -> None:
 
     def check() -> None:
         try:
-            pool = getattr(connection, "pool", None)  # the postgresql backend's
+            pool = getattr(connections[DEFAULT_DB_ALIAS], "pool", None)  # the postgresql backend's
             if pool is not None:
                 pool.check()
         except Exception as exc:  # the server may still be down: the next failure retries
@@ -91,3 +96,48 @@ def check_pool_soon() -> None:
             _pool_check.release()
 
     threading.Thread(target=check, name="taskforge-pool-check", daemon=True).start()
+
+
+def array(values: Iterable[Any]) -> str:
+    """`values` as the text of a Postgres array, for a parameter whose statement
+    casts it (`%(ids)s::uuid[]`, `%(payloads)s::text[]`, ...).
+
+    psycopg dumps a list parameter element by element in Python: it picks a
+    dumper for the list from its elements, then dumps each one, tests it
+    against a regex and escapes it (~1.8 us an element: a batch enqueue's
+    seven arrays of 1000 cost more than its INSERT).  This writes the text
+    Postgres reads: a string in double quotes with its backslashes and double
+    quotes escaped (read back as it was, whatever it holds: commas, braces,
+    spaces, "NULL"), None as NULL, and integers, booleans, UUIDs and aware
+    datetimes as they print, which never need quotes.
+
+    Raises:
+        TypeError: a value of another type.
+    """
+    return "{" + ",".join([_element(value) for value in values]) + "}"
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_ELEMENT: dict[type, Callable[[Any], str]] = {
+    str: _quoted,
+    int: int.__repr__,
+    bool: lambda value: "t" if value else "f",
+    uuid.UUID: uuid.UUID.__str__,
+    datetime: datetime.isoformat,
+    type(None): lambda value: "NULL",
+}
+
+
+def _element(value: Any) -> str:
+    write = _ELEMENT.get(type(value))
+    if write is None:  # a subclass (a str enum, an int enum, a datetime subclass)
+        for kind in (bool, int, str, uuid.UUID, datetime):
+            if isinstance(value, kind):
+                write = _ELEMENT[kind]
+                break
+        else:
+            raise TypeError(f"no Postgres array text for {type(value).__name__}")
+    return write(value)

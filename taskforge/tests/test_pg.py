@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
 import pytest
 from django.conf import LazySettings
 from django.db import connection
 
-from taskforge.lib import pg
+from taskforge.lib import internals, pg
+from tasks.models import TaskStatus
 
 QUERY = """
 SELECT v FROM unnest(%s::timestamptz[]) WITH ORDINALITY AS t(v, n) ORDER BY n
@@ -84,3 +89,57 @@ def test_listener__listens_on_its_own_connection_when_a_listen_url_is_set(
         assert again is not own and not again.closed
     finally:
         listener.reset()
+
+
+TEXTS = [
+    "plain",
+    "",
+    " spaced ",
+    "NULL",
+    "null",
+    'a "quoted" word',
+    "back\\slash\\",
+    "\\",
+    '\\"',
+    "{braces},commas,;",
+    "new\nline\ttab",
+    "\u00a0\u2003unicode spaces\u3000",
+    '{"n": 1, "s": "x\\"y"}',
+    None,
+]
+
+
+def _cursor(kind: str) -> Any:
+    if kind == "django":  # client-side binding (workers.protocol.heartbeat)
+        return connection.cursor()
+    return internals.prepared_cursor(connection, prepare=kind == "prepared")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("cursor_kind", ["prepared", "unnamed", "django"])
+def test_array__postgres_reads_back_what_psycopg_would_send(cursor_kind: str) -> None:
+    """Each kind of value the hot statements pass, through each kind of cursor."""
+    ids = [uuid.UUID("6f1c1f9e-8a51-4a7e-9a43-3c1b9f7d2a10"), uuid.uuid4()]
+    when = [datetime(2026, 11, 30, 5, 9, 23, 75089, tzinfo=UTC), datetime(1, 1, 1, tzinfo=UTC)]
+    cases: list[tuple[str, list[Any]]] = [
+        ("text", TEXTS),
+        ("uuid", ids),
+        ("uuid", [str(ids[0]), str(ids[1]).upper()]),
+        ("int", [1, -5, 2**31 - 1, None]),
+        ("bool", [True, False, None]),
+        ("timestamptz", when),
+        ("int", []),
+    ]
+    query = "SELECT %(ours)s::{0}[] IS NOT DISTINCT FROM %(psycopg)s::{0}[], %(ours)s::{0}[]"
+    with _cursor(cursor_kind) as cursor:
+        for kind, values in cases:
+            cursor.execute(query.format(kind), {"ours": pg.array(values), "psycopg": values})
+            same, read = cursor.fetchone()
+            assert same, (kind, values, read)
+            assert len(read) == len(values)
+
+
+def test_array__refuses_a_type_it_cannot_write() -> None:
+    assert pg.array([TaskStatus.DONE, 7]) == '{"done",7}'  # enums: their values
+    with pytest.raises(TypeError):
+        pg.array([1.5])
