@@ -818,6 +818,14 @@ def test_worker__acks_through_ack_batch(
     assert _api_requests(service, "/workers/ack/batch") > batches_before
 
 
+def _moves(producer: TaskForge, queue: str, *tasks: Task) -> dict[str, dict[str, datetime]]:
+    """Each task's moves: when it entered each status (its last time), from its events."""
+    return {
+        task.id: {e.to_status: e.at for e in producer.task_events(queue, task.id) if e.at}
+        for task in tasks
+    }
+
+
 def test_worker__claims_again_while_an_ack_is_on_its_way(
     admin: TaskForge, producer: TaskForge, keys: Keys, service: Service
 ) -> None:
@@ -830,10 +838,7 @@ def test_worker__claims_again_while_an_ack_is_on_its_way(
         service, keys.worker, name, sdk_handlers.double, concurrency=1, ack_linger=0.5
     ) as w:
         wait_for(lambda: w.processed == 2, 30, "2 tasks acked")
-    events = {
-        task.id: {e.to_status: e.at for e in producer.task_events(name, task.id) if e.at}
-        for task in (first, second)
-    }
+    events = _moves(producer, name, first, second)
     handed = sorted(events.values(), key=lambda moves: moves["executing"])
     assert handed[1]["executing"] < handed[0]["done"]
     assert all(t.status == "done" for t in producer.list_tasks(name))
@@ -879,10 +884,7 @@ def test_worker__claim_does_not_wait_for_a_handler_that_keeps_running(
         service, keys.worker, name, sdk_handlers.slow, concurrency=2, claim_linger=0.3
     ) as w:
         wait_for(lambda: w.processed == 3, 30, "3 tasks acked")
-    moves = {
-        task.id: {e.to_status: e.at for e in producer.task_events(name, task.id) if e.at}
-        for task in (long, short, third)
-    }
+    moves = _moves(producer, name, long, short, third)
     assert moves[third.id]["executing"] - moves[short.id]["done"] < timedelta(seconds=2)
     assert moves[third.id]["executing"] < moves[long.id]["done"] - timedelta(seconds=1)
 
