@@ -157,7 +157,8 @@ def _admission(queue: Queue, due: Sequence[transitions.NewTask]) -> Admission:
     """Where the due tasks go (tasks.buffer.Buffer.admit); a paused queue's stay pending."""
     if queue.paused or not due:
         return Admission.WAKE
-    best = min(score(task.priority, task.scheduled_at) for task in due)
+    # score() is monotonic in (priority, scheduled_at): one call, not one per task of a batch.
+    best = score(*min((task.priority, task.scheduled_at) for task in due))
     try:
         return get_buffer().admit(queue.id, len(due), best)
     except REDIS_FAILURES:
