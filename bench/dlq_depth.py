@@ -5,7 +5,7 @@
     DATABASE_URL=... python bench/dlq_depth.py            # the timings only
 
 Use a scratch database (migrated): `--fill` writes, by SQL, `--dead` dead tasks spread over
-`--queues` queues (`dlqbench-0` ...), each with the four events and the DLQ entry TaskForge
+`--queues` queues (`dlqbench-0` ...), each with the three events and the DLQ entry TaskForge
 writes, `--history` done tasks with their events in `dlqbench-history`, and 20 dead tasks in
 `dlqbench-quiet`, a queue whose tasks are all older than the rest (its events are the last
 ones a newest-first walk of the whole table reaches); then `VACUUM (ANALYZE)`.  The timings
@@ -67,8 +67,8 @@ SELECT g.id, CASE WHEN e.from_status = 'executing' THEN {_QUEUE} END,
        CASE WHEN e.to_status IS NULL AND %(status)s = 'dead'
             THEN 'RuntimeError: upstream said 503' END
 FROM ({_SERIES}) g, LATERAL (
-    VALUES (0, NULL, 'pending', false, 0), (1, 'pending', 'claimed', false, 0),
-           (2, 'claimed', 'executing', true, 1), (5, 'executing', NULL, true, 1)
+    VALUES (1, 'pending', 'claimed', false, 0), (2, 'claimed', 'executing', true, 1),
+           (5, 'executing', NULL, true, 1)
 ) AS e(offset_ms, from_status, to_status, worker, attempt)
 """  # nosec B608 - constants only
 

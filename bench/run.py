@@ -1830,10 +1830,13 @@ class Bench:
 
         at: dict[tuple[str, str | None, str], float] = {}
         with psycopg.connect(self.libpq_url, connect_timeout=5) as conn:
+            # The creation is the task row's (tasks.events), the later moves event rows.
             rows = conn.execute(
                 "SELECT task_id::text, from_status, to_status, extract(epoch FROM at)::float8"
-                " FROM tasks_taskevent WHERE task_id = ANY(%s::uuid[])",
-                [[task_id for task_id, _, _ in timelines]],
+                " FROM tasks_taskevent WHERE task_id = ANY(%(ids)s::uuid[])"
+                " UNION ALL SELECT id::text, NULL, 'pending', extract(epoch FROM created_at)"
+                " FROM tasks_task WHERE id = ANY(%(ids)s::uuid[])",
+                {"ids": [task_id for task_id, _, _ in timelines]},
             ).fetchall()
         for task_id, from_status, to_status, epoch in rows:
             at[(task_id, from_status, to_status)] = epoch

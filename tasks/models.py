@@ -188,7 +188,12 @@ class Task(models.Model):
 
 
 class TaskEvent(models.Model):
-    """One row per status transition of a task; `from_status` is NULL at creation."""
+    """One row per status transition of a task after its creation.
+
+    The creation (`from_status` NULL) is the task row's own record, not a row
+    here (tasks.events builds it; tasks created by earlier versions have it
+    stored).
+    """
 
     id = models.BigAutoField(primary_key=True)
     # No constraints in the database: events are written only by the statement

@@ -2,10 +2,11 @@
 
 Each statement moves tasks and writes their events in one round trip: a CTE
 locks the rows, updates them guarded by their old status, and inserts one
-`tasks_taskevent` row per moved task.  Each is a `Statement` that declares
-the status edges it takes; `tasks.transitions` runs them (and nothing else
-does), and a test holds the declared edges to `tasks.lifecycle.ALLOWED` and
-to the events each statement writes.
+`tasks_taskevent` row per moved task (a creation's is the task row itself,
+tasks.events).  Each is a `Statement` that declares the status edges it
+takes; `tasks.transitions` runs them (and nothing else does), and a test
+holds the declared edges to `tasks.lifecycle.ALLOWED` and to the events each
+statement writes.
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ TASK_COLUMNS = """
 """
 
 # -- create --
-# null -> pending for new tasks of one queue, events included.  Rows flagged
-# `buffer` (due now, queue not paused) go on to claimed in the same statement,
-# with that event too, for the caller to push to Redis after commit: a fresh
+# null -> pending for new tasks of one queue.  The creation has no event row:
+# the task row records it (tasks.events).  Rows flagged `buffer` (due now,
+# queue not paused) go on to claimed in the same statement, with that move's
+# event, for the caller to push to Redis after commit: a fresh
 # task skips the dispatcher's hop.  Other due rows wake the dispatchers
 # (NOTIFY, delivered on commit); the earliest task due later, if any, wakes
 # the schedulers for its time (`wake_at`, Unix seconds as text, or NULL).
@@ -97,8 +99,6 @@ WITH new AS (
     RETURNING id, status
 ), events AS (
     INSERT INTO tasks_taskevent (task_id, at, from_status, to_status, attempt)
-    SELECT id, %(now)s, NULL, 'pending', 0 FROM new
-    UNION ALL
     SELECT id, %(now)s, 'pending', 'claimed', 0 FROM new
     WHERE status = 'claimed'
 )

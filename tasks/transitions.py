@@ -95,7 +95,8 @@ def create(
 ) -> list[Task]:
     """Insert new tasks as `pending` (the move from nothing); return them as stored.
 
-    One statement per queue writes the tasks and their events.  With
+    One statement per queue writes the tasks (their creation events are
+    their rows, tasks.events) and the events of those buffered.  With
     `buffer`, tasks already due go on to `claimed` in the same statement
     (the caller pushes those to Redis after commit); otherwise due tasks wake
     the dispatchers (NOTIFY, on commit), unless `wake` is False: the caller

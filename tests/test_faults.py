@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,6 +43,7 @@ from django.db import connection
 
 from dlq.models import DeadLetterTask
 from taskforge.api.models import ApiKey
+from tasks import events
 from tasks.models import Task, TaskEvent
 from tests.service import API, LOOPS, Api, Service, database_url
 
@@ -516,9 +517,12 @@ def check_histories(queue: str, ledger: Ledger | None = None) -> dict[str, list[
     """
     tasks = {str(t.id): t for t in Task.objects.filter(queue__name=queue)}
     rows = TaskEvent.objects.filter(task__queue__name=queue).order_by("task_id", "id")
-    histories: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    histories: dict[str, list[tuple[Any, ...]]] = {}
+    for task_id, task in tasks.items():  # the creation, which the task row records
+        made = events.creation(task)
+        histories[task_id] = [(made.from_status, made.to_status, made.worker_id, made.attempt)]
     for row in rows.values_list("task_id", "from_status", "to_status", "worker_id", "attempt"):
-        histories[str(row[0])].append(row[1:])
+        histories.setdefault(str(row[0]), []).append(row[1:])
     problems = []
     executing: dict[tuple[str, int], str] = {}
     done: dict[tuple[str, int], str] = {}

@@ -70,13 +70,8 @@ SEED_SQL = [
         WHEN g.r < 97 THEN 'pending' WHEN g.r < 98 THEN 'retry' WHEN g.r < 99 THEN 'executing'
         ELSE 'claimed' END AS status) AS s
     """,
-    # Two events per task (its creation and its latest move); the newest
-    # tasks' events fall into the stats' last-minute window.
-    """
-    INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id,
-                                 attempt, error)
-    SELECT id, NULL, created_at, NULL, 'pending', NULL, 0, NULL FROM tasks_task
-    """,
+    # One event per task that moved (its latest move; its creation is the
+    # task row's); the newest tasks' events fall into the stats' last-minute window.
     """
     INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id,
                                  attempt, error)

@@ -27,6 +27,7 @@ from queues import push
 from queues.models import Queue
 from taskforge.audit.log import of_request
 from taskforge.lib.timeutil import isoformat
+from tasks import events as task_events
 from tasks import lifecycle
 from tasks import services as task_services
 from tasks.exceptions import InvalidTransition
@@ -130,8 +131,7 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
     if task is None:
         return not_found(request, f"task {task_id}")
     now = timezone.now()
-    # Uses taskevent_by_task_idx (task).
-    events = list(TaskEvent.objects.filter(task_id=task.pk).order_by("id")[: EVENTS_SHOWN + 1])
+    events = task_events.chain(task, EVENTS_SHOWN + 1)
     events_cut = len(events) > EVENTS_SHOWN
     events = events[:EVENTS_SHOWN]
     event_rows = []

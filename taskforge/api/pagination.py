@@ -5,7 +5,7 @@ The cursor and the page cut are `taskforge.lib.keyset`'s, shared with the dashbo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
@@ -51,7 +51,14 @@ class KeysetPaginator:
             raise _bad_cursor() from exc
         self.next_cursor: str | None = None
 
-    def paginate(self, queryset: QuerySet[_M]) -> list[_M]:
+    def paginate(
+        self,
+        queryset: QuerySet[_M],
+        head: Callable[[list[_M]], list[_M]] | None = None,
+    ) -> list[_M]:
+        """The page's rows.  `head`, given the first rows of the queryset, returns
+        the list's first rows (the first page only): rows that are not stored,
+        placed before the stored ones on the ordering."""
         queryset = queryset.order_by(*self.ordering)
         if self.after is not None:
             try:
@@ -61,6 +68,8 @@ class KeysetPaginator:
                 # raises one of these, depending on the field.
                 raise _bad_cursor() from exc
         rows = list(queryset[: self.limit + 1])
+        if head is not None and self.after is None:
+            rows = head(rows)[: self.limit + 1]
         if len(rows) > self.limit:
             rows = rows[: self.limit]
             self.next_cursor = keyset.cursor_of(rows[-1], self.ordering)

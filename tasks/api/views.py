@@ -21,7 +21,7 @@ from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import PRODUCER
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
 from taskforge.audit.log import of_request
-from tasks import services
+from tasks import events, services
 from tasks.api.serializers import (
     ENQUEUE,
     ENQUEUE_BATCH,
@@ -202,7 +202,8 @@ class TaskEventsView(TaskLookupMixin, APIView):
     def get(self, request: Request, name: str, task_id: str) -> Response:
         task = self.get_task(self.get_queue())
         paginator = KeysetPaginator(request, ordering=["id"])
-        page = paginator.paginate(TaskEvent.objects.filter(task=task))
+        stored = TaskEvent.objects.filter(task=task)
+        page = paginator.paginate(stored, head=lambda first: events.with_creation(task, first))
         return paginator.response(TaskEventSerializer(page, many=True).data)
 
 

@@ -14,6 +14,7 @@ from queues import lookup
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge.lib.timeutil import isoformat, parse_time
+from tasks import events
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.tests.factories import TaskFactory
 
@@ -51,7 +52,7 @@ def test_enqueue__defaults(producer_client: APIClient, queue) -> None:
     assert body["scheduled_at"] == body["created_at"]
     # Due, in a running queue: it went straight into the dispatch buffer.
     assert Task.objects.get(pk=body["id"]).status == S.CLAIMED
-    chain = TaskEvent.objects.filter(task_id=body["id"]).order_by("id")
+    chain = events.chain(Task.objects.get(pk=body["id"]), 10)
     assert [(e.from_status, e.to_status) for e in chain] == [
         (None, S.PENDING),
         (S.PENDING, S.CLAIMED),
@@ -170,7 +171,9 @@ def test_batch__creates_all_in_order(producer_client: APIClient, queue) -> None:
     results = response.json()["results"]
     assert [r["payload"] for r in results] == list(range(1000))
     assert Task.objects.count() == 1000
-    assert TaskEvent.objects.filter(from_status=None, to_status=S.PENDING).count() == 1000
+    # Each created and buffered; the creation is the task row's, the buffering an event row.
+    assert TaskEvent.objects.filter(from_status=S.PENDING, to_status=S.CLAIMED).count() == 1000
+    assert TaskEvent.objects.count() == 1000
 
 
 def test_batch__one_invalid_item_stores_nothing(producer_client: APIClient, queue) -> None:
@@ -277,6 +280,25 @@ def test_events__oldest_first(producer_client: APIClient, queue) -> None:
     assert events[-1]["attempt"] == 1
     assert events[-1]["error"] == "boom"
     assert set(events[0]) == {"at", "from_status", "to_status", "worker_id", "attempt", "error"}
+    # The creation is the task row's (tasks.events): at its created_at, no worker.
+    assert parse_time(events[0]["at"]) == task.created_at
+    assert (events[0]["attempt"], events[0]["worker_id"]) == (0, None)
+
+
+def test_events__pages_of_one_walk_the_chain_once(producer_client: APIClient, queue) -> None:
+    task = TaskFactory(queue=queue, status=S.RETRY, worker_id="w-1")
+    whole = producer_client.get(f"/queues/q/tasks/{task.pk}/events").json()["results"]
+    url: str | None = f"/queues/q/tasks/{task.pk}/events?limit=1"
+    walked = []
+    while url is not None:
+        body = producer_client.get(url).json()
+        assert len(body["results"]) == 1
+        walked += body["results"]
+        url = body["next"]
+    assert walked == whole and len(whole) == 4
+    # The second page starts after the creation, with the first stored event.
+    first = producer_client.get(f"/queues/q/tasks/{task.pk}/events?limit=1").json()
+    assert producer_client.get(first["next"]).json()["results"] == whole[1:2]
 
 
 @pytest.mark.parametrize("state", [S.PENDING, S.CLAIMED, S.RETRY])

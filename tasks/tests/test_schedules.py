@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from queues.tests.factories import QueueFactory
 from taskforge.audit.log import CLI
-from tasks import schedules
+from tasks import events, schedules
 from tasks.models import Schedule, Task, TaskStatus
 from tasks.tests.factories import ScheduleFactory
 
@@ -189,8 +189,8 @@ def test_fire_due__tasks_are_ordinary_due_tasks_of_the_queue() -> None:
     task = Task.objects.get()
     assert task.status in (S.PENDING, S.CLAIMED)
     assert task.scheduled_at <= timezone.now()
-    first = task.events.order_by("id").first()
-    assert first is not None and first.to_status == S.PENDING
+    first = events.chain(task, 1)[0]
+    assert (first.from_status, first.to_status, first.at) == (None, S.PENDING, task.created_at)
 
 
 def test_fire_due__a_schedule_that_cannot_fire_does_not_stop_the_others() -> None:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from dlq.models import DeadLetterTask
 from queues.tests.factories import QueueFactory
-from tasks import transitions
+from tasks import events, transitions
 from tasks.exceptions import InvalidTransition
 from tasks.lifecycle import is_allowed
 from tasks.models import Task, TaskEvent, TaskStatus
@@ -142,11 +142,24 @@ def test_create__returns_the_tasks_as_their_rows_are() -> None:
 
 
 @pytest.mark.django_db
-def test_create__writes_the_null_to_pending_event() -> None:
+def test_create__the_task_row_records_the_null_to_pending_event() -> None:
     task = TaskFactory()
-    [event] = TaskEvent.objects.filter(task=task)
+    assert not TaskEvent.objects.filter(task=task).exists()
+    [event] = events.chain(task, 10)
     assert (event.from_status, event.to_status, event.attempt) == (None, S.PENDING, 0)
-    assert event.queue_id is None  # not an attempt's outcome
+    assert (event.at, event.worker_id, event.error) == (task.created_at, None, None)
+
+
+@pytest.mark.django_db
+def test_chain__a_creation_stored_by_an_earlier_version_is_shown_once() -> None:
+    task = TaskFactory(status=S.CLAIMED)
+    TaskEvent.objects.create(
+        task=task, at=task.created_at, from_status=None, to_status=S.PENDING, attempt=0
+    )
+    # Stored after the buffering's, but an earlier version wrote it first: order by id.
+    TaskEvent.objects.filter(task=task, from_status=None).update(id=-1)
+    chain = [(e.from_status, e.to_status) for e in events.chain(task, 10)]
+    assert chain == [(None, S.PENDING), (S.PENDING, S.CLAIMED)]
 
 
 @pytest.mark.django_db
@@ -205,8 +218,8 @@ def test_log__one_json_line_per_transition_after_commit(
         (S.CLAIMED, S.EXECUTING),
         (S.EXECUTING, S.DONE),
     ]
-    events = TaskEvent.objects.filter(task=task).order_by("id")
-    assert [(e.from_status, e.to_status) for e in events] == chain
+    stored = events.chain(task, 10)
+    assert [(e.from_status, e.to_status) for e in stored] == chain
     from taskforge.lib.logging import JsonFormatter
 
     line = json.loads(JsonFormatter().format(records[-1]))
