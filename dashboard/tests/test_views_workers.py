@@ -34,10 +34,28 @@ def test_workers__active_and_stale_with_current_tasks(staff_client: Client, sett
     rows = {row["worker"].worker_id: row for row in response.context["rows"]}
     assert set(rows) == {"fresh", "quiet"}  # seen in the last hour, as GET /workers
     assert rows["fresh"]["state"] == "active" and rows["quiet"]["state"] == "stale"
-    assert rows["fresh"]["tasks"] == [{"id": str(running.pk), "url": f"{D}/tasks/{running.pk}"}]
+    label = f"{str(running.pk)[:8]}…{str(running.pk)[-4:]}"
+    assert rows["fresh"]["tasks"] == [
+        {"id": str(running.pk), "url": f"{D}/tasks/{running.pk}", "label": label}
+    ]
     assert response.context["rows"][0]["worker"].worker_id == "quiet"  # stale first
     html = response.content.decode()
     assert 'class="is-stale" data-worker="quiet"' in html
+    assert f'<a href="{D}/tasks/{running.pk}" title="{running.pk}">{label}</a>' in html
+
+
+def test_workers__a_busy_worker_shows_its_count_and_its_first_tasks(
+    staff_client: Client, settings: Any
+) -> None:
+    Worker.objects.create(worker_id="busy", last_seen_at=timezone.now())
+    held = sorted(str(TaskFactory(status="executing", worker_id="busy").pk) for _ in range(23))
+
+    response = staff_client.get(f"{D}/workers/")
+
+    [row] = response.context["rows"]
+    assert (row["task_count"], row["more"]) == (23, 3)
+    shown = [task["id"] for task in row["tasks"]]
+    assert len(shown) == 20 and set(shown) <= set(held) and shown == sorted(shown)
 
 
 def test_workers__a_quiet_worker_holding_nothing_has_left(

@@ -21,7 +21,7 @@ from queues.tests.factories import QueueFactory
 from taskforge.lib import pg
 from tasks import sql, transitions
 from workers import sql as worker_sql
-from workers.models import Worker, current_tasks
+from workers.models import HELD_TASKS, Worker, current_tasks, held_tasks
 
 PARTIAL = re.compile(r"using (task_\w+_idx)")
 
@@ -123,3 +123,14 @@ def test_who_holds_what__one_probe_per_worker_under_history_statistics(
     held_now = current_tasks(["w", "x1"])
     assert set(held_now) == {"x1"}
     assert sorted(held_now["x1"]) == sorted(str(task.pk) for task in created[10:20])
+    # The workers page: how many each holds and a few of them, counted in Postgres.
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + HELD_TASKS, [["w", "x1", "x2"], 3])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert set(PARTIAL.findall(plan)) == {"task_executing_by_idx"}, plan
+    held = held_tasks(["w", "x1", "x2"], 3)
+    assert set(held) == {"x1", "x2"}
+    for name, batch in (("x1", created[10:20]), ("x2", created[20:30])):
+        count, shown = held[name]
+        assert count == 10 and len(shown) == 3 and shown == sorted(shown)
+        assert set(shown) <= {str(task.pk) for task in batch}
