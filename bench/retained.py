@@ -1,13 +1,14 @@
 """History for `bench/run.py --retained N`: N finished tasks with their events, made by SQL.
 
 The rows are what TaskForge itself writes for a finished task: 90 % `done` (three events:
-buffered, handed out, acked; a result; the creation is the task row's), 7 % `dead` (the same
-three, the last one to `dead` with its error; a DLQ entry; the queue's DLQ depth) and 3 %
-`cancelled` (one event).  They belong to one queue of their own (`bench-history`), were
-created over the last six days (inside the default retention, so the watchdog leaves them
-alone during the run) and carry the bench's payload.  `generate_series` in chunks, then
-`VACUUM (ANALYZE)`: the statistics then say what a server with months of history says, that
-nearly every task is finished.
+buffered by a dispatcher, handed out, acked; a result; the creation is the task row's; a task
+its enqueue buffered has no row for that move either), 7 % `dead` (the same three, the last
+one to `dead` with its error; a DLQ entry; the queue's DLQ depth) and 3 % `cancelled` (one
+event).  They belong to one queue of their own (`bench-history`), were created over the last
+six days (inside the default retention, so the watchdog leaves them alone during the run) and
+carry the bench's payload.  `generate_series` in chunks, then `VACUUM (ANALYZE)`: the
+statistics then say what a server with months of history says, that nearly every task is
+finished.
 
 Also here: the reads that must not scan history, timed against that queue.
 """

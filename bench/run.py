@@ -1840,6 +1840,10 @@ class Bench:
             ).fetchall()
         for task_id, from_status, to_status, epoch in rows:
             at[(task_id, from_status, to_status)] = epoch
+        for task_id, _, _ in timelines:
+            # Buffered by its enqueue: the row records that move too, at its creation.
+            if (task_id, "pending", "claimed") not in at and (task_id, None, "pending") in at:
+                at[(task_id, "pending", "claimed")] = at[(task_id, None, "pending")]
         segments: dict[str, list[float]] = {name: [] for name in LATENCY_SEGMENTS}
         for task_id, sent, received in timelines:
             found = [

@@ -188,10 +188,11 @@ class Task(models.Model):
 
 
 class TaskEvent(models.Model):
-    """One row per status transition of a task after its creation.
+    """One row per status transition of a task, but those its row records.
 
-    The creation (`from_status` NULL) is the task row's own record, not a row
-    here (tasks.events builds it; tasks created by earlier versions have it
+    The creation (`from_status` NULL), and for a task its enqueue put into the
+    dispatch buffer that move too, are the task row's own record, not rows here
+    (tasks.events builds them; tasks created by earlier versions have them
     stored).
     """
 

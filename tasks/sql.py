@@ -2,8 +2,8 @@
 
 Each statement moves tasks and writes their events in one round trip: a CTE
 locks the rows, updates them guarded by their old status, and inserts one
-`tasks_taskevent` row per moved task (a creation's is the task row itself,
-tasks.events).  Each is a `Statement` that declares the status edges it
+`tasks_taskevent` row per moved task (but a new task's: its row records
+them, tasks.events).  Each is a `Statement` that declares the status edges it
 takes; `tasks.transitions` runs them (and nothing else does), and a test
 holds the declared edges to `tasks.lifecycle.ALLOWED` and to the events each
 statement writes.
@@ -70,16 +70,15 @@ TASK_COLUMNS = """
 """
 
 # -- create --
-# null -> pending for new tasks of one queue.  The creation has no event row:
-# the task row records it (tasks.events).  Rows flagged `buffer` (due now,
-# queue not paused) go on to claimed in the same statement, with that move's
-# event, for the caller to push to Redis after commit: a fresh
-# task skips the dispatcher's hop.  Other due rows wake the dispatchers
-# (NOTIFY, delivered on commit); the earliest task due later, if any, wakes
-# the schedulers for its time (`wake_at`, Unix seconds as text, or NULL).
-# Params: queue_id, now, ids (uuid[]), payloads (jsonb as text[]),
-# priorities, scheduled (timestamptz[]), max_retries, keys (text[], NULL for
-# none), buffer (bool[]), notify (bool), wake_at (text or NULL).
+# null -> pending for new tasks of one queue.  Rows flagged `buffer` (due now,
+# queue not paused) go on to claimed in the same statement, for the caller to
+# push to Redis after commit: a fresh task skips the dispatcher's hop.  Neither
+# move has an event row: the task row records both (tasks.events).  Other due
+# rows wake the dispatchers (NOTIFY, delivered on commit); the earliest task
+# due later, if any, wakes the schedulers for its time (`wake_at`, Unix seconds
+# as text, or NULL).  Params: queue_id, now, ids (uuid[]), payloads (jsonb as
+# text[]), priorities, scheduled (timestamptz[]), max_retries, keys (text[],
+# NULL for none), buffer (bool[]), notify (bool), wake_at (text or NULL).
 CREATE = Statement(
     "create",
     frozenset({(None, "pending"), ("pending", "claimed")}),
@@ -96,11 +95,6 @@ WITH new AS (
                 %(scheduled)s::timestamptz[], %(max_retries)s::int[], %(keys)s::text[],
                 %(buffer)s::bool[])
         AS i(id, payload, priority, scheduled_at, max_retries, key, buffer)
-    RETURNING id, status
-), events AS (
-    INSERT INTO tasks_taskevent (task_id, at, from_status, to_status, attempt)
-    SELECT id, %(now)s, 'pending', 'claimed', 0 FROM new
-    WHERE status = 'claimed'
 )
 SELECT pg_notify('{DISPATCH_CHANNEL}', %(queue_id)s::text) WHERE %(notify)s
 UNION ALL

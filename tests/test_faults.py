@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -517,12 +517,16 @@ def check_histories(queue: str, ledger: Ledger | None = None) -> dict[str, list[
     """
     tasks = {str(t.id): t for t in Task.objects.filter(queue__name=queue)}
     rows = TaskEvent.objects.filter(task__queue__name=queue).order_by("task_id", "id")
-    histories: dict[str, list[tuple[Any, ...]]] = {}
-    for task_id, task in tasks.items():  # the creation, which the task row records
-        made = events.creation(task)
-        histories[task_id] = [(made.from_status, made.to_status, made.worker_id, made.attempt)]
-    for row in rows.values_list("task_id", "from_status", "to_status", "worker_id", "attempt"):
-        histories.setdefault(str(row[0]), []).append(row[1:])
+    stored: dict[str, list[TaskEvent]] = defaultdict(list)
+    for row in rows:
+        stored[str(row.task_id)].append(row)
+    histories: dict[str, list[tuple[Any, ...]]] = {
+        task_id: [  # with the moves the task row records (tasks.events)
+            (e.from_status, e.to_status, e.worker_id, e.attempt)
+            for e in events.with_unstored(tasks[task_id], stored[task_id])
+        ]
+        for task_id in tasks
+    }
     problems = []
     executing: dict[tuple[str, int], str] = {}
     done: dict[tuple[str, int], str] = {}

@@ -32,6 +32,7 @@ import pytest
 from django.conf import settings
 
 from devservices.postgres import Postgres
+from tasks.events import moves_of_row
 from tests.service import ROOT, Api, Service
 
 pytestmark = [pytest.mark.postgres]
@@ -270,10 +271,13 @@ def test_postgres_restart__mid_run_every_task_finishes_once(
         ).fetchall()
     assert sum(statuses.values()) == TOTAL, statuses  # none lost, none made twice
     assert set(statuses) <= {"done", "dead"}, statuses
-    # Each chain starts with the creation, which the task row records (tasks.events).
-    chains: dict[str, list[tuple[Any, ...]]] = defaultdict(lambda: [(None, "pending", None, 0)])
+    stored: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     for task_id, *event in events:
-        chains[task_id].append(tuple(event))
+        stored[task_id].append(tuple(event))
+    chains = {  # with the moves the task row records (tasks.events)
+        task_id: [(*move, None, 0) for move in moves_of_row("done", rows[0][:2])] + rows
+        for task_id, rows in stored.items()
+    }
     executing: dict[tuple[str, int], str] = {}
     done: dict[tuple[str, int], str] = {}
     for task_id, chain in chains.items():

@@ -54,11 +54,12 @@ class KeysetPaginator:
     def paginate(
         self,
         queryset: QuerySet[_M],
-        head: Callable[[list[_M]], list[_M]] | None = None,
+        head: Callable[[list[_M], list[Any] | None], list[_M]] | None = None,
     ) -> list[_M]:
-        """The page's rows.  `head`, given the first rows of the queryset, returns
-        the list's first rows (the first page only): rows that are not stored,
-        placed before the stored ones on the ordering."""
+        """The page's rows.  For a list with rows that are not stored, before the
+        stored ones on the ordering: `head`, given the page's stored rows and the
+        cursor's values (None on the first page), returns them with the unstored
+        rows of the page before them."""
         queryset = queryset.order_by(*self.ordering)
         if self.after is not None:
             try:
@@ -68,8 +69,8 @@ class KeysetPaginator:
                 # raises one of these, depending on the field.
                 raise _bad_cursor() from exc
         rows = list(queryset[: self.limit + 1])
-        if head is not None and self.after is None:
-            rows = head(rows)[: self.limit + 1]
+        if head is not None:
+            rows = head(rows, self.after)[: self.limit + 1]
         if len(rows) > self.limit:
             rows = rows[: self.limit]
             self.next_cursor = keyset.cursor_of(rows[-1], self.ordering)

@@ -203,7 +203,12 @@ class TaskEventsView(TaskLookupMixin, APIView):
         task = self.get_task(self.get_queue())
         paginator = KeysetPaginator(request, ordering=["id"])
         stored = TaskEvent.objects.filter(task=task)
-        page = paginator.paginate(stored, head=lambda first: events.with_creation(task, first))
+        page = paginator.paginate(
+            stored,
+            head=lambda first, after: events.with_unstored(
+                task, first, None if after is None else int(after[0])
+            ),
+        )
         return paginator.response(TaskEventSerializer(page, many=True).data)
 
 

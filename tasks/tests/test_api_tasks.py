@@ -171,9 +171,13 @@ def test_batch__creates_all_in_order(producer_client: APIClient, queue) -> None:
     results = response.json()["results"]
     assert [r["payload"] for r in results] == list(range(1000))
     assert Task.objects.count() == 1000
-    # Each created and buffered; the creation is the task row's, the buffering an event row.
-    assert TaskEvent.objects.filter(from_status=S.PENDING, to_status=S.CLAIMED).count() == 1000
-    assert TaskEvent.objects.count() == 1000
+    # Each created and buffered: the task rows record both moves (tasks.events).
+    assert not TaskEvent.objects.exists()
+    chain = events.chain(Task.objects.get(pk=results[0]["id"]), 10)
+    assert [(e.from_status, e.to_status) for e in chain] == [
+        (None, S.PENDING),
+        (S.PENDING, S.CLAIMED),
+    ]
 
 
 def test_batch__one_invalid_item_stores_nothing(producer_client: APIClient, queue) -> None:
@@ -299,6 +303,39 @@ def test_events__pages_of_one_walk_the_chain_once(producer_client: APIClient, qu
     # The second page starts after the creation, with the first stored event.
     first = producer_client.get(f"/queues/q/tasks/{task.pk}/events?limit=1").json()
     assert producer_client.get(first["next"]).json()["results"] == whole[1:2]
+
+
+def test_events__of_a_task_buffered_by_its_enqueue_page_through_its_row_and_rows(
+    producer_client: APIClient,
+    worker_client: APIClient,
+    queue,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Created and buffered in one statement: both moves are the task row's
+    (tasks.events); pages of 1, 2 and 3 walk them, then the stored hand-out and ack."""
+    with django_capture_on_commit_callbacks(execute=True):  # the push to Redis
+        response = producer_client.post("/queues/q/tasks", {"payload": 1}, format="json")
+    task_id = response.json()["id"]
+    claim = {"worker_id": "w-1", "queues": ["q"]}
+    assert worker_client.post("/workers/claim", claim, format="json").json()["tasks"]
+    ack = {"worker_id": "w-1", "task_id": task_id}
+    assert worker_client.post("/workers/ack", ack, format="json").status_code == 200
+    whole = producer_client.get(f"/queues/q/tasks/{task_id}/events").json()["results"]
+    assert [(e["from_status"], e["to_status"]) for e in whole] == [
+        (None, "pending"),
+        ("pending", "claimed"),
+        ("claimed", "executing"),
+        ("executing", "done"),
+    ]
+    assert whole[0]["at"] == whole[1]["at"]
+    for limit in (1, 2, 3):
+        url: str | None = f"/queues/q/tasks/{task_id}/events?limit={limit}"
+        walked = []
+        while url is not None:
+            body = producer_client.get(url).json()
+            walked += body["results"]
+            url = body["next"]
+        assert walked == whole, limit
 
 
 @pytest.mark.parametrize("state", [S.PENDING, S.CLAIMED, S.RETRY])

@@ -151,13 +151,53 @@ def test_create__the_task_row_records_the_null_to_pending_event() -> None:
 
 
 @pytest.mark.django_db
+def test_create__buffered_the_task_row_records_both_moves() -> None:
+    """A task the enqueue put into the buffer has no event row until it moves on;
+    its chain is rebuilt from its row, and stays so after later moves."""
+    queue = QueueFactory()
+    now = timezone.now()
+    [task, later] = transitions.create(
+        [
+            transitions.NewTask(queue, {"n": 1}, 5, now, 3),
+            transitions.NewTask(queue, {"n": 2}, 5, now, 3),
+        ],
+        buffer=True,
+    )
+    assert not TaskEvent.objects.filter(task_id__in=[task.pk, later.pk]).exists()
+    task.refresh_from_db()
+    made = [(e.from_status, e.to_status) for e in events.chain(task, 10)]
+    assert made == [(None, S.PENDING), (S.PENDING, S.CLAIMED)]
+    assert {(e.at, e.attempt, e.worker_id) for e in events.chain(task, 10)} == {
+        (task.created_at, 0, None)
+    }
+    transitions.hand_out([str(task.pk)], worker_id="w-1")
+    transitions.unbuffer([Task.objects.get(pk=later.pk)])
+    for moved, last in ((task, (S.CLAIMED, S.EXECUTING)), (later, (S.CLAIMED, S.PENDING))):
+        moved.refresh_from_db()
+        chain = [(e.from_status, e.to_status) for e in events.chain(moved, 10)]
+        assert chain == [(None, S.PENDING), (S.PENDING, S.CLAIMED), last]
+
+
+@pytest.mark.django_db
+def test_create__pending_then_buffered_by_a_dispatcher_stores_that_move() -> None:
+    task = TaskFactory()  # pending
+    transitions.buffer_due(task.queue, limit=10)
+    task.refresh_from_db()
+    assert task.status == S.CLAIMED
+    [stored] = TaskEvent.objects.filter(task=task)
+    assert (stored.from_status, stored.to_status) == (S.PENDING, S.CLAIMED)
+    chain = [(e.from_status, e.to_status) for e in events.chain(task, 10)]
+    assert chain == [(None, S.PENDING), (S.PENDING, S.CLAIMED)]
+
+
+@pytest.mark.django_db
 def test_chain__a_creation_stored_by_an_earlier_version_is_shown_once() -> None:
-    task = TaskFactory(status=S.CLAIMED)
+    task = TaskFactory()  # pending
     TaskEvent.objects.create(
         task=task, at=task.created_at, from_status=None, to_status=S.PENDING, attempt=0
     )
-    # Stored after the buffering's, but an earlier version wrote it first: order by id.
-    TaskEvent.objects.filter(task=task, from_status=None).update(id=-1)
+    transitions.buffer_due(task.queue, limit=10)
+    task.refresh_from_db()
     chain = [(e.from_status, e.to_status) for e in events.chain(task, 10)]
     assert chain == [(None, S.PENDING), (S.PENDING, S.CLAIMED)]
 
