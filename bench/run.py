@@ -1828,22 +1828,29 @@ class Bench:
             return {}
         import psycopg
 
+        from tasks.lifecycle import Edge, moves_of_row
+
         at: dict[tuple[str, str | None, str], float] = {}
+        ids = [task_id for task_id, _, _ in timelines]
         with psycopg.connect(self.libpq_url, connect_timeout=5) as conn:
-            # The creation is the task row's (tasks.events), the later moves event rows.
-            rows = conn.execute(
+            events = conn.execute(
                 "SELECT task_id::text, from_status, to_status, extract(epoch FROM at)::float8"
-                " FROM tasks_taskevent WHERE task_id = ANY(%(ids)s::uuid[])"
-                " UNION ALL SELECT id::text, NULL, 'pending', extract(epoch FROM created_at)"
-                " FROM tasks_task WHERE id = ANY(%(ids)s::uuid[])",
-                {"ids": [task_id for task_id, _, _ in timelines]},
+                " FROM tasks_taskevent WHERE task_id = ANY(%s::uuid[]) ORDER BY id",
+                [ids],
             ).fetchall()
-        for task_id, from_status, to_status, epoch in rows:
+            tasks = conn.execute(
+                "SELECT id::text, status, extract(epoch FROM created_at)::float8"
+                " FROM tasks_task WHERE id = ANY(%s::uuid[])",
+                [ids],
+            ).fetchall()
+        first: dict[str, Edge] = {}
+        for task_id, from_status, to_status, epoch in events:
+            first.setdefault(task_id, (from_status, to_status))
             at[(task_id, from_status, to_status)] = epoch
-        for task_id, _, _ in timelines:
-            # Buffered by its enqueue: the row records that move too, at its creation.
-            if (task_id, "pending", "claimed") not in at and (task_id, None, "pending") in at:
-                at[(task_id, "pending", "claimed")] = at[(task_id, None, "pending")]
+        for task_id, status, created in tasks:
+            # The moves the task row records instead of event rows, at its creation.
+            for from_status, to_status in moves_of_row(status, first.get(task_id)):
+                at[(task_id, from_status, to_status)] = created
         segments: dict[str, list[float]] = {name: [] for name in LATENCY_SEGMENTS}
         for task_id, sent, received in timelines:
             found = [

@@ -9,9 +9,7 @@ the work of an enqueue (docs/operations.md, "Storage"):
 - for a task put into the dispatch buffer by its enqueue (a due task of a
   running queue with room, tasks.sql CREATE), that move (`pending` to
   `claimed`, attempt 0, no worker), at the same instant.  Such a task is
-  known by its first stored event, which is a move from `claimed` (a task
-  created `pending` leaves `pending` first), or, while it has none, by its
-  status `claimed`.
+  known by its first stored event (`tasks.lifecycle.moves_of_row`).
 
 Every later move has its row in `tasks_taskevent`, written in the statement
 of the move (tasks.transitions).  Tasks created by earlier versions of
@@ -22,10 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tasks.lifecycle import Edge
-from tasks.models import Task, TaskEvent, TaskStatus
-
-S = TaskStatus
+from tasks.lifecycle import moves_of_row
+from tasks.models import Task, TaskEvent
 
 # The ids of the unstored events in a chain: below every stored event's (a
 # sequence from 1), so a cursor after either (taskforge.lib.keyset) continues
@@ -46,17 +42,6 @@ def _event(task: Task, pk: int, from_status: str | None, to_status: str) -> Task
         attempt=0,
         error=None,
     )
-
-
-def moves_of_row(status: str, first_stored: Edge | None) -> list[Edge]:
-    """The moves a task's row records: from its status and its first stored
-    event's move (None when it has none), oldest first."""
-    if first_stored is not None and first_stored[0] is None:  # stored by an earlier version
-        return []
-    moves: list[Edge] = [(None, S.PENDING)]
-    if (first_stored[0] if first_stored is not None else status) == S.CLAIMED:
-        moves.append((S.PENDING, S.CLAIMED))
-    return moves
 
 
 def unstored(task: Task, first: Sequence[TaskEvent]) -> list[TaskEvent]:

@@ -53,6 +53,27 @@ def is_allowed(from_status: str | None, to_status: str) -> bool:
     return to_status in ALLOWED.get(from_status, frozenset())
 
 
+# The moves a new task's row records instead of event rows (tasks.events): its
+# creation, and the enqueue's move into the dispatch buffer, at its creation.
+ROW_RECORDED: tuple[Edge, ...] = ((None, S.PENDING), (S.PENDING, S.CLAIMED))
+
+
+def moves_of_row(status: str, first_stored: Edge | None) -> list[Edge]:
+    """The moves of ROW_RECORDED a task's row records: from its status and its
+    first stored event's move (None when it has none), oldest first.
+
+    A task created `pending` leaves `pending` first, so a task whose first
+    stored move leaves `claimed` (or, with none yet, is `claimed`) was buffered
+    by its enqueue.  A first stored move from nothing was written by an earlier
+    version, which stored every move: the row records none.
+    """
+    if first_stored is not None and first_stored[0] is None:
+        return []
+    if (first_stored[0] if first_stored is not None else status) == S.CLAIMED:
+        return list(ROW_RECORDED)
+    return list(ROW_RECORDED[:1])
+
+
 # The sets are tuples in declaration order, so a query built from one reads
 # the same in every process.
 

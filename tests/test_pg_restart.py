@@ -32,7 +32,7 @@ import pytest
 from django.conf import settings
 
 from devservices.postgres import Postgres
-from tasks.events import moves_of_row
+from tasks.lifecycle import moves_of_row
 from tests.service import ROOT, Api, Service
 
 pytestmark = [pytest.mark.postgres]

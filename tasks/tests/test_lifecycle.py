@@ -11,8 +11,6 @@ from tasks.lifecycle import EDGES, TaskStatus
 
 S = TaskStatus
 
-RECORDED_BY_NEW_ROWS = {(None, S.PENDING), (S.PENDING, S.CLAIMED)}
-
 STATEMENTS = [value for value in vars(sql).values() if isinstance(value, sql.Statement)]
 
 
@@ -47,7 +45,7 @@ def test_statements__write_events_for_exactly_their_declared_edges(
     pairs = re.findall(r"(NULL|'[a-z]+'),\s*'([a-z]+)'", statement.text[at:]) if at >= 0 else []
     written = {(_literal(a), b) for a, b in pairs}
     if "INSERT INTO tasks_task " in statement.text:  # new rows record these (tasks.events)
-        written |= RECORDED_BY_NEW_ROWS
+        written |= set(lifecycle.ROW_RECORDED)
     assert written == set(statement.edges)
     targets = set(re.findall(r"(?:status = |THEN |ELSE )'([a-z]+)'", statement.text))
     from_guards = set(re.findall(r"status(?: COLLATE \"C\")? = '([a-z]+)'", statement.text))
