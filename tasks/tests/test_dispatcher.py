@@ -4,6 +4,7 @@ import threading
 import time
 from datetime import timedelta
 
+import psycopg
 import pytest
 import redis
 from django.db import connection
@@ -172,14 +173,25 @@ def test_wait__a_burst_of_notifies_is_gathered_into_one_pass(
     loop.wait(0.01)  # LISTEN before anything is sent
     loop._last_wake = time.monotonic() if burst else 0.0
 
+    db = connection.settings_dict
+
     def send() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, 'q1')", [DISPATCH_CHANNEL])
+        # A connection of its own in autocommit, so each NOTIFY is delivered at
+        # once (a pooled connection left in a transaction by an earlier test
+        # delivered both at its close, in one wake-up).
+        with psycopg.connect(
+            host=db["HOST"] or None,
+            port=db["PORT"] or None,
+            user=db["USER"] or None,
+            password=db["PASSWORD"] or None,
+            dbname=db["NAME"],
+            autocommit=True,
+        ) as conn:
+            conn.execute("SELECT pg_notify(%s, 'q1')", [DISPATCH_CHANNEL])
             # Inside the gathering window, or well after a lone wake-up was served
             # (a loaded machine may take more than 0.1 s to serve it).
             time.sleep(0.1 if burst else 1.5)
-            cursor.execute("SELECT pg_notify(%s, 'q2')", [DISPATCH_CHANNEL])
-        connection.close()
+            conn.execute("SELECT pg_notify(%s, 'q2')", [DISPATCH_CHANNEL])
 
     sender = threading.Thread(target=send)
     sender.start()
