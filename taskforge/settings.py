@@ -12,6 +12,7 @@ from pathlib import Path
 import django_stubs_ext
 import environ
 
+from taskforge.lib.listen import unlisten
 from taskforge.lib.logging import lean_records
 from taskforge.lib.redisconn import is_cluster
 
@@ -145,6 +146,8 @@ if DATABASE_POOL_MAX > 0:
         "min_size": 1,
         "max_size": DATABASE_POOL_MAX,
         "timeout": DATABASE_POOL_TIMEOUT,
+        # A connection a loop LISTENed on goes back listening no more.
+        "reset": unlisten,
     }
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = 60

@@ -8,12 +8,19 @@ notifications go to whichever client holds it then, or nowhere.  So
 DATABASE_LISTEN_URL, when set, names where to listen instead (Postgres
 directly, or a pooler's session-mode pool), on a connection of its own that
 only ever listens.
+
+A loop command runs without Django's pool, but a loop made inside a pooled
+process (the tests make many) listens on a pooled connection.  Such a
+connection goes back to the pool still listening, and whoever gets it next
+reads every NOTIFY sent since as if it had just come.  `unlisten`, the pool's
+reset, stops it listening and drops them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from typing import Any
 
 import psycopg
@@ -23,6 +30,22 @@ from django.db import connection
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 5
+
+# Django's connections that a Listener made LISTEN (see the module docstring).
+_listening: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+
+
+def unlisten(pg: psycopg.Connection[Any]) -> None:
+    """The pool's reset: a connection that listened stops, and drops what it was sent.
+
+    Any other connection costs a set lookup, not a round trip.
+    """
+    if pg not in _listening:
+        return
+    _listening.discard(pg)
+    pg.execute("UNLISTEN *")
+    for _ in pg.notifies(timeout=0.0):
+        pass
 
 
 class Listener:
@@ -57,6 +80,7 @@ class Listener:
         if self._listening_on is not pg:
             with connection.cursor() as cursor:
                 cursor.execute(f"LISTEN {self.channel}")
+            _listening.add(pg)
             self._listening_on = pg
         return pg
 

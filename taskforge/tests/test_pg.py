@@ -91,6 +91,31 @@ def test_listener__listens_on_its_own_connection_when_a_listen_url_is_set(
         listener.reset()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_listener__a_pooled_connection_goes_back_listening_no_more() -> None:
+    """A loop made in a pooled process listened on a pooled connection; whoever
+    got it next read every NOTIFY sent meanwhile as new (two flaky wait tests)."""
+    from taskforge.lib.listen import Listener
+
+    listener = Listener("taskforge_listen_probe", "taskforge-probe")
+    listened = listener.connection()
+    listener.reset()  # back to the pool
+    pool = connection.pool  # type: ignore[attr-defined]  # the postgresql backend's
+    assert pool is not None
+    with pool.connection() as sender:
+        sender.execute("SELECT pg_notify('taskforge_listen_probe', 'stale')")
+    handed: list[Any] = []
+    try:
+        while (pg := pool.getconn(timeout=1.0)) is not listened:
+            handed.append(pg)
+        handed.append(pg)
+        assert pg.execute("SELECT count(*) FROM pg_listening_channels()").fetchone() == (0,)
+        assert list(pg.notifies(timeout=0.2)) == []
+    finally:
+        for pg in handed:
+            pool.putconn(pg)
+
+
 TEXTS = [
     "plain",
     "",

@@ -176,9 +176,7 @@ def test_wait__a_burst_of_notifies_is_gathered_into_one_pass(
     db = connection.settings_dict
 
     def send() -> None:
-        # A connection of its own in autocommit, so each NOTIFY is delivered at
-        # once (a pooled connection left in a transaction by an earlier test
-        # delivered both at its close, in one wake-up).
+        # A connection of its own in autocommit: each NOTIFY is sent at once.
         with psycopg.connect(
             host=db["HOST"] or None,
             port=db["PORT"] or None,
