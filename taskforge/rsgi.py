@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 
-from django.core.wsgi import get_wsgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskforge.settings")
 
 from django.conf import settings
@@ -16,10 +14,11 @@ from django.conf import settings
 from taskforge import metrics
 from taskforge.api.bridge import DjangoBridge
 from taskforge.api.server import ServerSettings, prepare_process
+from taskforge.wsgi import application as wsgi_application
 
 _server = ServerSettings.from_environ()
 application = DjangoBridge(
-    get_wsgi_application(),
+    wsgi_application,
     threads=_server.threads,
     max_body=settings.TASKFORGE_MAX_REQUEST_BYTES,
     body_timeout=_server.body_timeout,

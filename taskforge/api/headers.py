@@ -42,12 +42,17 @@ class SecurityHeadersMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         response = self.get_response(request)
-        if HEADER not in response:
-            if request.path.startswith("/admin/"):
-                response[HEADER] = DASHBOARD_POLICY
-            elif response.get("Content-Type", "").startswith("application/json"):
-                response[HEADER] = API_POLICY
-        if request.is_secure():
-            for morsel in response.cookies.values():
-                morsel["secure"] = True
+        add_security_headers(request, response)
         return response
+
+
+def add_security_headers(request: HttpRequest, response: HttpResponseBase) -> None:
+    """The policy header of `response`, and `Secure` on its cookies over TLS."""
+    if HEADER not in response:
+        if request.path.startswith("/admin/"):
+            response[HEADER] = DASHBOARD_POLICY
+        elif response.get("Content-Type", "").startswith("application/json"):
+            response[HEADER] = API_POLICY
+    if request.is_secure():
+        for morsel in response.cookies.values():
+            morsel["secure"] = True

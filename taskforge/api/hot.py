@@ -98,14 +98,7 @@ class HotView(APIView):
         allow = _allow(cls())
 
         def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
-            meta = request.META
-            if (
-                request.method != "POST"
-                or meta.get("CONTENT_TYPE") != "application/json"
-                or not meta.get("CONTENT_LENGTH")
-                or meta.get("QUERY_STRING")
-                or meta.get("HTTP_ACCEPT", "") not in JSON_ACCEPTS
-            ):
+            if not is_plain_json_post(request.META):
                 response: HttpResponse = drf_view(request, **kwargs)
                 return response
             response = cls.serve(request, **kwargs)
@@ -121,6 +114,18 @@ class HotView(APIView):
         view.__name__ = cls.__name__
         view.__doc__ = cls.__doc__
         return view
+
+
+def is_plain_json_post(meta: dict[str, Any]) -> bool:
+    """A POST that `serve()` answers: a JSON body of a stated length, no query
+    string, and an Accept the JSON renderer takes (the module's docstring)."""
+    return (
+        meta.get("REQUEST_METHOD", "").upper() == "POST"
+        and meta.get("CONTENT_TYPE") == "application/json"
+        and bool(meta.get("CONTENT_LENGTH"))
+        and not meta.get("QUERY_STRING")
+        and meta.get("HTTP_ACCEPT", "") in JSON_ACCEPTS
+    )
 
 
 def _allow(view: APIView) -> str:

@@ -56,7 +56,7 @@ def _too_large(limit: int) -> HttpResponse:
     )
 
 
-def _declared_length(request: HttpRequest) -> int | None:
+def declared_length(request: HttpRequest) -> int | None:
     raw = request.META.get("CONTENT_LENGTH")
     if raw and raw.isascii() and raw.isdigit():
         return int(raw)
@@ -70,7 +70,7 @@ def _chunked_input(request: HttpRequest) -> Any:
     (`wsgi.input_terminated`, as gunicorn does) lets us read it; any other
     request without Content-Length has no body to Django.
     """
-    if _declared_length(request) is not None:
+    if declared_length(request) is not None:
         return None
     if "chunked" not in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
         return None
@@ -87,7 +87,7 @@ class BodyLimitMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         # The request-wide limit first: it needs no URL resolution.
-        length = _declared_length(request)
+        length = declared_length(request)
         if length is not None and length > conf.MAX_REQUEST_BYTES:
             return _too_large(conf.MAX_REQUEST_BYTES)
         return self.get_response(request)
@@ -100,7 +100,7 @@ class BodyLimitMiddleware:
         kwargs: Any,
     ) -> HttpResponse | None:
         limit = body_limit(view)
-        length = _declared_length(request)
+        length = declared_length(request)
         if length is not None:
             return _too_large(limit) if length > limit else None
         stream = _chunked_input(request)

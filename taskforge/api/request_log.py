@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 logger = logging.getLogger("taskforge.request")
 
@@ -36,15 +36,21 @@ class RequestLogMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         started = time.perf_counter()
         response = self.get_response(request)
-        logger.info(
-            "http.request",
-            extra={
-                "method": request.method,
-                "path": request.path,
-                "status": response.status_code,
-                "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-                "remote_addr": request.META.get("REMOTE_ADDR"),
-                "pid": os.getpid(),
-            },
-        )
+        log_request(request, response, started)
         return response
+
+
+def log_request(request: HttpRequest, response: HttpResponseBase, started: float) -> None:
+    """The `http.request` line of a request answered `response`, begun at `started`
+    (time.perf_counter())."""
+    logger.info(
+        "http.request",
+        extra={
+            "method": request.method,
+            "path": request.path,
+            "status": response.status_code,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "remote_addr": request.META.get("REMOTE_ADDR"),
+            "pid": os.getpid(),
+        },
+    )
