@@ -64,6 +64,8 @@ TASKFORGE_MAX_TICK_FAILURES: int = env.int("TASKFORGE_MAX_TICK_FAILURES", defaul
 # Finished tasks are deleted with their events this long after finishing (0: kept forever).
 TASKFORGE_RETENTION_SECONDS: int = env.int("TASKFORGE_RETENTION_SECONDS", default=604800)
 TASKFORGE_DLQ_RETENTION_SECONDS: int = env.int("TASKFORGE_DLQ_RETENTION_SECONDS", default=2592000)
+# The watchdog vacuums a task table past this many dead rows (tasks.vacuum; 0: never).
+TASKFORGE_VACUUM_DEAD_ROWS: int = env.int("TASKFORGE_VACUUM_DEAD_ROWS", default=20000)
 TASKFORGE_METRICS_TOKEN: str = env.str("TASKFORGE_METRICS_TOKEN", default="")
 # Push delivery (run_pusher): the key of the TaskForge-Signature header (unset: no
 # signature), and the requests one push process keeps in flight at once.

@@ -13,6 +13,8 @@
 - Each tick, the DLQ depth rows of each queue are folded into one; every
   tasks.dlqdepth.RECONCILE_SECONDS (and at start) the depths are checked
   against the dead tasks themselves (tasks.dlqdepth).
+- The task tables are vacuumed when their dead rows pile up (tasks.vacuum),
+  on a thread of their own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from taskforge.lib.loop import Loop
 from tasks import concurrency, dlqdepth, retention, transitions
 from tasks.models import Task
 from tasks.reconcile import rebuffer_missing
+from tasks.vacuum import Vacuumer
 from workers.models import Worker
 
 BATCH = 200
@@ -44,6 +47,7 @@ class WatchdogLoop(Loop):
         self._next_lease_check = 0.0
         self._retention_due = False
         self._next_depth_check = 0.0
+        self.vacuumer = Vacuumer()
 
     @property
     def interval(self) -> float:
@@ -63,6 +67,7 @@ class WatchdogLoop(Loop):
             busy = busy or self._retention_due
         self.reconcile()
         self.keep_dlq_depths()
+        self.vacuumer.poll()
         return busy
 
     def keep_dlq_depths(self) -> None:
