@@ -24,12 +24,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
-import psycopg
 from django.db import connection
 
 from taskforge.conf import conf
+from taskforge.lib import pg
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +53,8 @@ def due(threshold: int) -> list[tuple[str, int]]:
 
 def vacuum(tables: list[tuple[str, int]]) -> None:
     """VACUUM (SKIP_LOCKED) each table, on a connection of its own; failures are logged."""
-    params: dict[str, Any] = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
     try:
-        with psycopg.connect(**params, autocommit=True) as own:
+        with pg.connect_own(autocommit=True) as own:
             for table, dead in tables:
                 started = time.monotonic()
                 own.execute(f"VACUUM (SKIP_LOCKED) {table}")

@@ -12,9 +12,8 @@ import logging
 from collections.abc import Callable
 from functools import wraps
 
-import psycopg
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from redis.cluster import RedisCluster
@@ -22,6 +21,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from taskforge.api.authentication import ApiKeyAuthentication
 from taskforge.api.responses import error_response
+from taskforge.lib import pg
 from taskforge.lib.redisconn import connect
 from taskforge.lib.ttlcache import TTLCache
 
@@ -95,12 +95,8 @@ def _is_admin(request: HttpRequest) -> bool:
 def _check_postgres() -> str:
     # A fresh short-lived connection: the pooled one may hang on a dead
     # server for the full TCP timeout, and readiness must answer quickly.
-    params = connection.get_connection_params()
-    params["connect_timeout"] = READY_TIMEOUT_SECONDS
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
     try:
-        with psycopg.connect(**params) as conn:
+        with pg.connect_own(connect_timeout=READY_TIMEOUT_SECONDS) as conn:
             # LOCAL: behind a transaction pooler a plain SET would outlive this
             # check on the server connection and bind whoever gets it next.
             conn.execute(f"SET LOCAL statement_timeout = {READY_TIMEOUT_SECONDS * 1000}")

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
@@ -22,6 +23,16 @@ logger = logging.getLogger(__name__)
 _pool_check = threading.Lock()
 _pool_checked_at = [0.0]
 POOL_CHECK_EVERY = 1.0
+
+
+def connect_own(**options: Any) -> psycopg.Connection[Any]:
+    """A psycopg connection of its own to the default database, outside Django's
+    connection and pool: Django's parameters without its cursor class and
+    adapters, `options` (autocommit, connect_timeout, ...) over them."""
+    params = connections[DEFAULT_DB_ALIAS].get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return psycopg.connect(**{**params, **options})
 
 
 @contextmanager

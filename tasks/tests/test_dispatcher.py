@@ -4,14 +4,13 @@ import threading
 import time
 from datetime import timedelta
 
-import psycopg
 import pytest
 import redis
-from django.db import connection
 from django.utils import timezone
 
 from queues.notify import DISPATCH_CHANNEL
 from queues.tests.factories import QueueFactory
+from taskforge.lib import pg
 from tasks import buffer as buffer_module
 from tasks import dispatcher, services
 from tasks.buffer import get_buffer
@@ -173,18 +172,9 @@ def test_wait__a_burst_of_notifies_is_gathered_into_one_pass(
     loop.wait(0.01)  # LISTEN before anything is sent
     loop._last_wake = time.monotonic() if burst else 0.0
 
-    db = connection.settings_dict
-
     def send() -> None:
         # A connection of its own in autocommit: each NOTIFY is sent at once.
-        with psycopg.connect(
-            host=db["HOST"] or None,
-            port=db["PORT"] or None,
-            user=db["USER"] or None,
-            password=db["PASSWORD"] or None,
-            dbname=db["NAME"],
-            autocommit=True,
-        ) as conn:
+        with pg.connect_own(autocommit=True) as conn:
             conn.execute("SELECT pg_notify(%s, 'q1')", [DISPATCH_CHANNEL])
             # Inside the gathering window, or well after a lone wake-up was served
             # (a loaded machine may take more than 0.1 s to serve it).

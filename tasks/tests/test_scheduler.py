@@ -9,6 +9,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from queues.tests.factories import QueueFactory
+from taskforge.lib import pg
 from tasks import services, transitions
 from tasks.models import Schedule, Task, TaskStatus
 from tasks.scheduler import SchedulerLoop
@@ -32,10 +33,7 @@ def test_tick__promotes_due_retries_only() -> None:
 def test_tick__notifies_dispatchers_of_delayed_tasks_now_due() -> None:
     queue = QueueFactory()
     TaskFactory(queue=queue, scheduled_at=timezone.now() + timedelta(milliseconds=200))
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as listener:
+    with pg.connect_own(autocommit=True) as listener:
         listener.execute("LISTEN taskforge_dispatch")
         loop = SchedulerLoop()
         loop.tick()  # not due yet
@@ -108,10 +106,7 @@ def test_wait__ends_at_the_next_due_time() -> None:
 
 def _raw_connection() -> psycopg.Connection:
     """A connection of its own, outside Django's (and its pool's)."""
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    return psycopg.connect(**params, autocommit=True)
+    return pg.connect_own(autocommit=True)
 
 
 @pytest.mark.postgres

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import psycopg
 import pytest
 from django.conf import LazySettings
 from django.db import connection
 
 from queues.tests.factories import QueueFactory
+from taskforge.lib import pg
 from tasks import vacuum
 from tasks.vacuum import Vacuumer
 from workers.watchdog import WatchdogLoop
@@ -91,10 +90,7 @@ def test_poll__looks_again_only_after_a_while(settings: LazySettings) -> None:
 
 def test_vacuum__skips_a_table_that_is_being_vacuumed(caplog: pytest.LogCaptureFixture) -> None:
     """Another vacuum (autovacuum, another watchdog) holds the table: skipped, not waited for."""
-    params: dict[str, Any] = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params) as holder:
+    with pg.connect_own() as holder:
         # The lock a VACUUM takes; held in an open transaction.
         holder.execute("LOCK TABLE tasks_task IN SHARE UPDATE EXCLUSIVE MODE")
         started = time.monotonic()
