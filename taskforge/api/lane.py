@@ -5,16 +5,17 @@ through Django's handler like any request, but not through MIDDLEWARE's
 thirteen nested layers: the lane calls the hooks of the middleware that have
 work to do for it, in the chain's order, and nothing of the five that pass a
 hot call by (taskforge.api.middleware).  Measured with two services side by
-side, calls interleaved (docs/operations.md, "Serving model"): 11-19 % less API
-CPU per enqueue, 6-21 % per claim and ack.
+side, calls interleaved (docs/operations.md, "Serving model"): 11 % less API
+CPU per enqueue (median of 8 pairs), claim and ack within the noise.
 
 What the call's answer, its `http.request` log line and its metrics are is the
 chain's, hook for hook (`MIRRORED` is the chain this was written against; a
 test fails when MIDDLEWARE no longer matches it):
 
 - request: the request log's clock, django-prometheus's two `process_request`,
-  the view hooks of the body limit and django-prometheus, the view (the hot
-  view's plain JSON path, `HotView.serve`);
+  its `process_view`, the view (the hot view's plain JSON path, `HotView.serve`);
+  the body limit, Security's and Common's request hooks and CSRF's exemption
+  are checked beforehand, in `takes`;
 - answer: django-prometheus (after), X-Frame-Options, Common, the security
   headers (ours, then Django's), django-prometheus (before), the log line.
 
@@ -49,7 +50,6 @@ from rest_framework.test import ForceAuthClientHandler
 from taskforge.api import headers, request_log
 from taskforge.api.hot import is_plain_json_post
 from taskforge.api.middleware import (
-    BodyLimitMiddleware,
     PrometheusAfterMiddleware,
     body_limit,
     declared_length,
@@ -94,7 +94,6 @@ class HotLane:
         self.common = CommonMiddleware(_unused)
         self.xframe = XFrameOptionsMiddleware(_unused)
         self.after = PrometheusAfterMiddleware(_unused)
-        self.body_limit = BodyLimitMiddleware(_unused)
 
     def takes(self, request: HttpRequest) -> ResolverMatch | None:
         """The call's URL match if the lane answers it exactly as the chain would;
