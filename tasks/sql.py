@@ -42,8 +42,13 @@ def by_id_with_status(alias: str, status: str) -> str:
 # The holder guard of rows found by id (alias t, param worker_id), compared
 # under "C" for the same reason as `by_id_with_status`: written plainly it
 # lets the planner read task_claimed_by_idx, every task the worker ever ran,
-# when the statistics make that look cheap.
-HELD_BY_WORKER = """t.claimed_by COLLATE "C" = %(worker_id)s"""
+# when the statistics make that look cheap.  And wrapped in IS TRUE, since any
+# comparison of claimed_by proves that index's predicate (`claimed_by IS NOT
+# NULL`) even under "C": then the planner reads that index whole, without a
+# bound, when the statistics say few tasks were ever claimed (a fresh table,
+# or enqueues ahead of the first workers), and a prepared ack keeps that plan
+# while the index grows.
+HELD_BY_WORKER = """(t.claimed_by COLLATE "C" = %(worker_id)s) IS TRUE"""
 
 
 @dataclass(frozen=True, slots=True)

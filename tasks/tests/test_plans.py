@@ -6,6 +6,11 @@ that find tasks by id must reach them through the primary key whatever the
 statistics say (their status guards prove no partial index), and the
 dispatcher's must walk task_pending_due_idx in order.  Checked here under the
 worst statistics: every row finished, as ANALYZE sees it, then the live rows.
+
+The API runs these statements prepared, and Postgres settles on a generic plan
+(made without the parameters' values) from a statement's sixth run, kept until
+the table's statistics change; so the generic plans are checked too, under the
+statistics of a table whose tasks were never claimed.
 """
 
 from __future__ import annotations
@@ -39,6 +44,31 @@ def plan(text: str, params: dict[str, Any], off: tuple[str, ...] = ()) -> str:
             raise Rollback
     except Rollback:
         pass
+    return "\n".join(lines)
+
+
+def generic_plan(text: str, params: dict[str, Any]) -> str:
+    """The plan a prepared `text` runs with once Postgres settles on a generic one."""
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    numbered = re.sub(r"%\((\w+)\)s", number, text)
+    with connection.cursor() as cursor:
+        cursor.execute(f"PREPARE generic_plan_check AS {numbered}")
+        try:
+            cursor.execute("SET plan_cache_mode = force_generic_plan")
+            arguments = ", ".join(["%s"] * len(order))
+            cursor.execute(
+                f"EXPLAIN EXECUTE generic_plan_check({arguments})", [params[k] for k in order]
+            )
+            lines = [row[0] for row in cursor.fetchall()]
+        finally:
+            cursor.execute("RESET plan_cache_mode")
+            cursor.execute("DEALLOCATE generic_plan_check")
     return "\n".join(lines)
 
 
@@ -134,3 +164,29 @@ def test_who_holds_what__one_probe_per_worker_under_history_statistics(
         count, shown = held[name]
         assert count == 10 and len(shown) == 3 and shown == sorted(shown)
         assert set(shown) <= {str(task.pk) for task in batch}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_statements_by_id__generic_plans_use_the_primary_key_before_any_claim() -> None:
+    """ANALYZE saw 2000 tasks enqueued ahead of the first workers (none ever claimed:
+    task_claimed_by_idx looks empty); the prepared hand-out, ack and heartbeat
+    still go through the primary key, not through an index read whole."""
+    queue = QueueFactory()
+    now = timezone.now()
+    created = transitions.create(
+        [transitions.NewTask(queue, {"n": n}, 5, now, 3) for n in range(2000)]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")
+    ids = [str(task.pk) for task in created[:3]]
+    common = {"worker_id": "w", "key_id": None, "now": now, "ids": ids}
+    nones: list[None] = [None] * len(ids)
+    plans = {
+        "hand_out": generic_plan(sql.HAND_OUT.text, {**common, "lease_from": now}),
+        "ack": generic_plan(sql.ACK.text, {**common, "attempts": nones, "results": nones}),
+        "heartbeat": generic_plan(worker_sql.HEARTBEAT, {**common, "attempts": nones}),
+    }
+    for name, text in plans.items():
+        assert "tasks_task_pkey" in text, (name, text)
+        assert not PARTIAL.findall(text), (name, text)
+        assert "Seq Scan on tasks_task" not in text, (name, text)
