@@ -1,4 +1,4 @@
-"""The watchdog vacuums the task tables when their dead rows pile up (tasks.vacuum)."""
+"""The watchdog vacuums and analyzes the task tables when Postgres has not (tasks.vacuum)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import time
 import pytest
 from django.conf import LazySettings
 from django.db import connection
+from django.utils import timezone
 
 from queues.tests.factories import QueueFactory
 from taskforge.lib import pg
-from tasks import vacuum
+from tasks import transitions, vacuum
 from tasks.vacuum import Vacuumer
 from workers.watchdog import WatchdogLoop
 
@@ -19,19 +20,27 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 def _stats(table: str) -> tuple[int, int]:
     """(dead rows, vacuums run by hand) of `table`, as Postgres's statistics say."""
+    dead, vacuums, _ = _counts(table)
+    return dead, vacuums
+
+
+def _counts(table: str) -> tuple[int, int, int]:
+    """(dead rows, vacuums run by hand, analyzes run by hand) of `table`."""
     with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute(
-            "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relname = %s",
+            "SELECT n_dead_tup, vacuum_count, analyze_count FROM pg_stat_user_tables"
+            " WHERE relname = %s",
             [table],
         )
-        dead, vacuums = cursor.fetchone()
-    return dead, vacuums
+        dead, vacuums, analyzes = cursor.fetchone()
+    return dead, vacuums, analyzes
 
 
 @pytest.fixture(autouse=True)
 def _vacuumed() -> None:
-    """No dead rows left by earlier tests (a TRUNCATE does not reset the count)."""
-    vacuum.vacuum([(table, 0) for table in vacuum.TABLES])
+    """No dead rows nor changes left by earlier tests (a TRUNCATE resets neither count)."""
+    vacuum.run([vacuum.Job(table, 0, 0, vacuum=True, analyze=True) for table in vacuum.TABLES])
 
 
 def _dead_rows(count: int) -> None:
@@ -57,23 +66,96 @@ def _dead_rows(count: int) -> None:
 def test_poll__vacuums_a_table_past_the_threshold(settings: LazySettings) -> None:
     settings.TASKFORGE_VACUUM_DEAD_ROWS = 200
     _dead_rows(500)
-    _, vacuums = _stats("tasks_task")
+    _, vacuums, analyzes = _counts("tasks_task")
     thread = Vacuumer().poll()
     assert thread is not None
     thread.join(timeout=30)
     assert not thread.is_alive()
-    dead, after = _stats("tasks_task")
-    assert after == vacuums + 1
+    dead, vacuums_after, analyzes_after = _counts("tasks_task")
+    # One VACUUM (ANALYZE): the 1000 changed rows were due an analyze as well.
+    assert (vacuums_after, analyzes_after) == (vacuums + 1, analyzes + 1)
     assert dead < 500
 
 
-@pytest.mark.parametrize("threshold", [0, 10_000])
-def test_poll__leaves_the_tables_alone_when_off_or_below(
-    settings: LazySettings, threshold: int
-) -> None:
-    settings.TASKFORGE_VACUUM_DEAD_ROWS = threshold
+def test_poll__leaves_the_tables_alone_when_off(settings: LazySettings) -> None:
+    settings.TASKFORGE_VACUUM_DEAD_ROWS = 0
     _dead_rows(500)
     assert Vacuumer().poll() is None
+
+
+def test_poll__analyzes_a_changed_table_below_the_dead_rows_threshold(
+    settings: LazySettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.TASKFORGE_VACUUM_DEAD_ROWS = 10_000
+    _dead_rows(500)
+    _, vacuums, analyzes = _counts("tasks_task")
+    thread = Vacuumer().poll()
+    assert thread is not None
+    thread.join(timeout=30)
+    _, vacuums_after, analyzes_after = _counts("tasks_task")
+    assert (vacuums_after, analyzes_after) == (vacuums, analyzes + 1)
+    done = [r for r in caplog.records if r.msg == "analyze.done"]
+    assert [(r.table, r.analyzed) for r in done] == [("tasks_task", True)]  # type: ignore[attr-defined]
+    assert done[0].changed_rows >= 1000  # type: ignore[attr-defined]
+
+
+def test_due__nothing_for_a_table_that_changed_little(settings: LazySettings) -> None:
+    """Below autovacuum's analyze threshold (50 rows and a tenth of the live ones)."""
+    queue = QueueFactory()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at,"
+            " attempts, max_retries, created_at, updated_at, status_changed_at)"
+            " SELECT gen_random_uuid(), %s, '{}', 'pending', 5, now(), 0, 3, now(), now(), now()"
+            " FROM generate_series(1, 20)",
+            [queue.pk],
+        )
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    assert vacuum.due(200) == []
+
+
+def _hand_out_plan(task_id: str) -> str:
+    """The plan this connection's prepared hand-out statement runs with now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT name FROM pg_prepared_statements WHERE strpos(statement, %s) > 0",
+            ["SET status = 'executing', attempts = t.attempts + 1"],
+        )
+        (name,) = cursor.fetchone()
+        # Its parameters, in the order they first appear: ids, worker_id, key_id,
+        # now, lease_from (tasks.sql.HAND_OUT).
+        cursor.execute(
+            f"EXPLAIN EXECUTE {name}(ARRAY[%s]::uuid[], 'w', NULL, now(), now())", [task_id]
+        )
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_analyze__a_prepared_statement_planned_on_a_small_table_is_planned_again(
+    settings: LazySettings,
+) -> None:
+    """The API's hot statements are prepared, and keep the plan made when the table
+    was small (it reads the table whole) until an analyze: made again then, through
+    the primary key."""
+    settings.TASKFORGE_VACUUM_DEAD_ROWS = 20_000
+    queue = QueueFactory()
+    now = timezone.now()
+    created = transitions.create(
+        [transitions.NewTask(queue, {"n": n}, 5, now, 3) for n in range(8)], buffer=True
+    )
+    # Postgres settles on a generic plan at a prepared statement's sixth run.
+    for task in created[:7]:
+        assert transitions.hand_out([str(task.pk)], worker_id="w")
+    before = _hand_out_plan(str(created[7].pk))
+    assert "Seq Scan on tasks_task" in before, before
+    _dead_rows(5000)  # the table grows (and changes) well past the analyze threshold
+    assert "Seq Scan on tasks_task" in _hand_out_plan(str(created[7].pk))
+    thread = Vacuumer().poll()
+    assert thread is not None
+    thread.join(timeout=30)
+    assert transitions.hand_out([str(created[7].pk)], worker_id="w")
+    after = _hand_out_plan(str(created[7].pk))
+    assert "Seq Scan on tasks_task" not in after, after
+    assert "tasks_task_pkey" in after, after
 
 
 def test_poll__looks_again_only_after_a_while(settings: LazySettings) -> None:
@@ -94,7 +176,7 @@ def test_vacuum__skips_a_table_that_is_being_vacuumed(caplog: pytest.LogCaptureF
         # The lock a VACUUM takes; held in an open transaction.
         holder.execute("LOCK TABLE tasks_task IN SHARE UPDATE EXCLUSIVE MODE")
         started = time.monotonic()
-        vacuum.vacuum([("tasks_task", 1)])
+        vacuum.run([vacuum.Job("tasks_task", 1, 0, vacuum=True, analyze=False)])
         assert time.monotonic() - started < 5
         holder.rollback()
     assert [getattr(r, "table", None) for r in caplog.records if r.msg == "vacuum.done"] == [
