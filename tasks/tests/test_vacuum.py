@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from django.conf import LazySettings
@@ -43,18 +44,24 @@ def _vacuumed() -> None:
     vacuum.run([vacuum.Job(table, 0, 0, vacuum=True, analyze=True) for table in vacuum.TABLES])
 
 
+def _insert_tasks(cursor: Any, count: int) -> Any:
+    """`count` pending tasks of a new queue, by SQL; the queue."""
+    queue = QueueFactory()
+    cursor.execute(
+        "INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at,"
+        " attempts, max_retries, created_at, updated_at, status_changed_at)"
+        " SELECT gen_random_uuid(), %s, '{}', 'pending', 5, now(), 0, 3, now(), now(), now()"
+        " FROM generate_series(1, %s)",
+        [queue.pk, count],
+    )
+    return queue
+
+
 def _dead_rows(count: int) -> None:
     """Leave at least `count` dead versions in tasks_task, and wait until the
     statistics count them."""
-    queue = QueueFactory()
     with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at,"
-            " attempts, max_retries, created_at, updated_at, status_changed_at)"
-            " SELECT gen_random_uuid(), %s, '{}', 'pending', 5, now(), 0, 3, now(), now(), now()"
-            " FROM generate_series(1, %s)",
-            [queue.pk, count],
-        )
+        queue = _insert_tasks(cursor, count)
         cursor.execute("UPDATE tasks_task SET priority = 6 WHERE queue_id = %s", [queue.pk])
         cursor.execute("SELECT pg_stat_force_next_flush()")
     deadline = time.monotonic() + 10
@@ -101,15 +108,8 @@ def test_poll__analyzes_a_changed_table_below_the_dead_rows_threshold(
 
 def test_due__nothing_for_a_table_that_changed_little(settings: LazySettings) -> None:
     """Below autovacuum's analyze threshold (50 rows and a tenth of the live ones)."""
-    queue = QueueFactory()
     with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at,"
-            " attempts, max_retries, created_at, updated_at, status_changed_at)"
-            " SELECT gen_random_uuid(), %s, '{}', 'pending', 5, now(), 0, 3, now(), now(), now()"
-            " FROM generate_series(1, 20)",
-            [queue.pk],
-        )
+        _insert_tasks(cursor, 20)
         cursor.execute("SELECT pg_stat_force_next_flush()")
     assert vacuum.due(200) == []
 
