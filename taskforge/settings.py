@@ -12,7 +12,6 @@ from pathlib import Path
 import django_stubs_ext
 import environ
 
-from taskforge.lib.listen import unlisten
 from taskforge.lib.logging import lean_records
 from taskforge.lib.redisconn import is_cluster
 
@@ -148,8 +147,8 @@ if DATABASE_POOL_MAX > 0:
         "min_size": 1,
         "max_size": DATABASE_POOL_MAX,
         "timeout": DATABASE_POOL_TIMEOUT,
-        # A connection a loop LISTENed on goes back listening no more.
-        "reset": unlisten,
+        # No reset: a Listener sets one if it listens on a pooled connection
+        # (taskforge.lib.listen).
     }
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = 60

@@ -67,6 +67,22 @@ Django: model instances from raw rows (instances_from_rows)
     Guard: builds the same instances as `raw` for real rows, deferred fields
     and extra columns included.
 
+psycopg_pool: a reset set on a pool already made (reset_returned_connections)
+    What: set `ConnectionPool._reset`, the callable the pool runs on every
+    connection given back, after Django made the pool (Django passes the
+    constructor the settings' OPTIONS["pool"], once).  Private; read by
+    `_putconn` at every return.
+    Why: speed.  A pool with a reset never gives a connection back in the
+    returning thread: it queues the return for its worker thread to run the
+    reset (a thread hand-off per request, and the connection is not in the
+    pool until the worker ran).  Only a loop made inside a pooled process
+    (the tests make many) needs one (taskforge.lib.listen), so the pool gets
+    its reset from the first Listener that listens on one of its connections,
+    and the API's pool never has one.  Measured with the reset in the
+    settings, py-spy during `make bench`'s e2e single: the return and the
+    worker came to ~6 % of the API processes' Python time.
+    Guard: a reset set so runs on the connections given back.
+
 Dropped: `logging._srcfile = None` (records skip the caller lookup).  It
 saved 1 us a record (8.11 against 7.16 us, JSON formatter included; 10.1
 against 8.9 in a second run); a request writes two or three records, so
@@ -156,6 +172,14 @@ def prepared_cursor(connection: Any, *, prepare: bool = True) -> Any:
         if prepare and connection.connection.prepare_threshold is None:
             connection.connection.prepare_threshold = NEVER_AUTOMATICALLY
         return connection._prepare_cursor(raw)
+
+
+# --- psycopg_pool: a reset for a pool already made ------------------------------------
+
+
+def reset_returned_connections(pool: Any, reset: Callable[[Any], None]) -> None:
+    """From now on `pool` runs `reset` on each connection given back (in its worker)."""
+    pool._reset = reset
 
 
 # --- Django: model instances from raw rows ------------------------------------------

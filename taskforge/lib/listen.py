@@ -12,8 +12,11 @@ only ever listens.
 A loop command runs without Django's pool, but a loop made inside a pooled
 process (the tests make many) listens on a pooled connection.  Such a
 connection goes back to the pool still listening, and whoever gets it next
-reads every NOTIFY sent since as if it had just come.  `unlisten`, the pool's
-reset, stops it listening and drops them.
+reads every NOTIFY sent since as if it had just come.  `unlisten` stops it
+listening and drops them: the pool's reset, set by the first Listener that
+listens on one of its connections.  Not before: a pool with a reset hands every
+connection given back to a thread of its own, a cost the API's pool, where
+nothing listens, is spared (taskforge.lib.internals).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 
+from taskforge.lib import internals
+
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SECONDS = 5
@@ -36,7 +41,8 @@ _listening: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
 
 def unlisten(pg: psycopg.Connection[Any]) -> None:
-    """The pool's reset: a connection that listened stops, and drops what it was sent.
+    """The reset of a pool a Listener used: a connection that listened stops, and
+    drops what it was sent.
 
     Any other connection costs a set lookup, not a round trip.
     """
@@ -78,6 +84,9 @@ class Listener:
         connection.ensure_connection()
         pg: psycopg.Connection[Any] = connection.connection
         if self._listening_on is not pg:
+            pool = getattr(connection, "pool", None)  # the postgresql backend's, if pooled
+            if pool is not None:
+                internals.reset_returned_connections(pool, unlisten)
             with connection.cursor() as cursor:
                 cursor.execute(f"LISTEN {self.channel}")
             _listening.add(pg)

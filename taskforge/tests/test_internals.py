@@ -109,6 +109,39 @@ def test_prepared_cursor_prepares_and_translates_errors() -> None:
         cursor.execute("SELECT %(n)s::int / 0", {"n": 1})
 
 
+# --- psycopg_pool ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_reset_set_on_a_made_pool_runs_on_connections_given_back() -> None:
+    import threading
+
+    from psycopg_pool import ConnectionPool
+
+    reset_seen: list[Any] = []
+    ran = threading.Event()
+
+    def reset(conn: Any) -> None:
+        reset_seen.append(conn)
+        ran.set()
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    pool: ConnectionPool[Any] = ConnectionPool(kwargs=params, min_size=1, max_size=1, open=True)
+    try:
+        with pool.connection(timeout=10):
+            pass
+        assert not reset_seen, FIX
+        internals.reset_returned_connections(pool, reset)
+        with pool.connection(timeout=10) as conn:
+            pass
+        assert ran.wait(10), FIX
+        assert reset_seen == [conn], FIX
+    finally:
+        pool.close()
+
+
 # --- Django --------------------------------------------------------------------------------
 
 
