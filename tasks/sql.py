@@ -144,8 +144,12 @@ SELECT id, priority, scheduled_at, attempts, previous_changed_at FROM moved
 ORDER BY priority, scheduled_at, id
 """,  # nosec B608 - constants only; values are bound parameters
     # jit too: a plan with sorting off carries its huge cost, which would
-    # otherwise buy it a JIT compilation (hundreds of ms) on every call.
-    off=("enable_sort", "jit"),
+    # otherwise buy it a JIT compilation (hundreds of ms) on every call.  Hash
+    # and merge joins too: the statement is prepared, and its generic plan made
+    # while the table is small joins the picked rows to a read of the whole
+    # table, which it keeps as the table grows; with only nested loops left, the
+    # picked rows are found through the primary key whatever the size.
+    off=("enable_sort", "jit", "enable_hashjoin", "enable_mergejoin"),
 )
 
 # -- hand_out --

@@ -47,8 +47,9 @@ def plan(text: str, params: dict[str, Any], off: tuple[str, ...] = ()) -> str:
     return "\n".join(lines)
 
 
-def generic_plan(text: str, params: dict[str, Any]) -> str:
-    """The plan a prepared `text` runs with once Postgres settles on a generic one."""
+def generic_plan(text: str, params: dict[str, Any], off: tuple[str, ...] = ()) -> str:
+    """The plan a prepared `text` runs with once Postgres settles on a generic one
+    (with the planner settings `off` turned off, as its caller runs it)."""
     order: list[str] = []
 
     def number(match: re.Match[str]) -> str:
@@ -61,13 +62,16 @@ def generic_plan(text: str, params: dict[str, Any]) -> str:
         cursor.execute(f"PREPARE generic_plan_check AS {numbered}")
         try:
             cursor.execute("SET plan_cache_mode = force_generic_plan")
+            for method in off:
+                cursor.execute(f"SET {method} = off")
             arguments = ", ".join(["%s"] * len(order))
             cursor.execute(
                 f"EXPLAIN EXECUTE generic_plan_check({arguments})", [params[k] for k in order]
             )
             lines = [row[0] for row in cursor.fetchall()]
         finally:
-            cursor.execute("RESET plan_cache_mode")
+            for method in ("plan_cache_mode", *off):
+                cursor.execute(f"RESET {method}")
             cursor.execute("DEALLOCATE generic_plan_check")
     return "\n".join(lines)
 
@@ -169,8 +173,9 @@ def test_who_holds_what__one_probe_per_worker_under_history_statistics(
 @pytest.mark.django_db(transaction=True)
 def test_statements_by_id__generic_plans_use_the_primary_key_before_any_claim() -> None:
     """ANALYZE saw 2000 tasks enqueued ahead of the first workers (none ever claimed:
-    task_claimed_by_idx looks empty); the prepared hand-out, ack and heartbeat
-    still go through the primary key, not through an index read whole."""
+    task_claimed_by_idx looks empty); the prepared hand-out, ack, heartbeat and
+    the dispatcher's statement still go through the primary key, not through an
+    index or the table read whole."""
     queue = QueueFactory()
     now = timezone.now()
     created = transitions.create(
@@ -190,3 +195,7 @@ def test_statements_by_id__generic_plans_use_the_primary_key_before_any_claim() 
         assert "tasks_task_pkey" in text, (name, text)
         assert not PARTIAL.findall(text), (name, text)
         assert "Seq Scan on tasks_task" not in text, (name, text)
+    params = {"queue_id": queue.id, "now": now, "limit": 100, "better_than": None}
+    text = generic_plan(sql.BUFFER_DUE.text, params, sql.BUFFER_DUE.off)
+    assert PARTIAL.findall(text) == ["task_pending_due_idx"], text
+    assert "tasks_task_pkey" in text and "Seq Scan on tasks_task" not in text, text
