@@ -7,10 +7,12 @@ prepared statements), from `--threads` threads each on its own connection, and r
 the CPU time of those Postgres backends from /proc (the server must be on this
 machine): the single path (create one task buffered, hand it out, ack it: three
 commits a task), the batched path (create 1000, then hand out and ack 100 at a
-time), and enqueue alone.  Much less noisy than `bench/run.py`'s CPU split when the
-machine is shared, since nothing but Postgres is measured; it misses what the API
-adds around the statements (its queue lookups and the like).  It migrates the
-database of DATABASE_URL and leaves its rows there.
+time), enqueue alone, and heartbeats (each thread a worker holding 20 tasks that
+heartbeats them in one call, as the SDK's Worker does; per task heartbeat, with
+the share of them Postgres wrote as HOT updates).  Much less noisy than
+`bench/run.py`'s CPU split when the machine is shared, since nothing but Postgres
+is measured; it misses what the API adds around the statements (its queue lookups
+and the like).  It migrates the database of DATABASE_URL and leaves its rows there.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def main() -> int:
 
     from queues.models import Queue
     from tasks import transitions
+    from workers import protocol
 
     call_command("migrate", verbosity=0)
     queue = Queue.objects.create(name=f"pg-cost-{uuid.uuid4().hex[:6]}", max_retries=3)
@@ -104,12 +107,41 @@ def main() -> int:
             done += n
         connections.close_all()
 
-    results: dict[str, list[float]] = {"single": [], "batched": [], "enqueue": []}
+    HELD = 20
+
+    def heartbeat(count: int, pids: list[int]) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pids.append(cursor.fetchone()[0])
+        worker = f"w-{threading.get_ident()}"
+        now = timezone.now()
+        tasks = transitions.create(
+            [transitions.NewTask(queue, PAYLOAD, 5, now, 3) for _ in range(HELD)], buffer=True
+        )
+        held = transitions.hand_out([str(t.pk) for t in tasks], worker_id=worker)
+        items = [protocol.Item(str(t.pk)) for t in held]
+        barrier.wait()
+        for _ in range(count // HELD):
+            protocol.heartbeat(worker, items)
+        connections.close_all()
+
+    def hot_updates() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks_task'"
+            )
+            return int(cursor.fetchone()[0])
+
+    results: dict[str, list[float]] = {"single": [], "batched": [], "enqueue": [], "heartbeat": []}
+    hot_shares: list[float] = []
     for _ in range(args.rounds):
         for name, run, threads in (
             ("single", single, args.threads),
             ("batched", batched, 2),
             ("enqueue", enqueue, args.threads),
+            ("heartbeat", heartbeat, args.threads),
         ):
             per_thread = args.tasks // threads
             barrier = threading.Barrier(threads + 1)
@@ -122,6 +154,7 @@ def main() -> int:
             while len(pids) < threads:
                 time.sleep(0.01)
             before = {pid: backend_cpu(pid) for pid in pids}
+            hot_before = hot_updates() if name == "heartbeat" else 0
             barrier.wait()
             # Read each backend just before its connection closes: poll until all end.
             last = dict(before)
@@ -133,12 +166,22 @@ def main() -> int:
                         pass
                 time.sleep(0.02)
             cpu = sum(last[pid] - before[pid] for pid in pids)
-            results[name].append(cpu / (per_thread * threads) * 1000)
+            moved = per_thread * threads
+            if name == "heartbeat":
+                moved = per_thread // HELD * HELD * threads
+                time.sleep(0.6)  # the backends' statistics reach the shared counts
+                hot_shares.append((hot_updates() - hot_before) / moved)
+            results[name].append(cpu / moved * 1000)
     for name, values in results.items():
         print(
             f"{name:8s} Postgres CPU per task: median {statistics.median(values):.3f} ms "
             f"({', '.join(f'{v:.3f}' for v in values)})"
         )
+    print(
+        "heartbeat HOT updates: "
+        + ", ".join(f"{share:.0%}" for share in hot_shares)
+        + " of the task heartbeats"
+    )
     return 0
 
 
