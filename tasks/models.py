@@ -48,8 +48,15 @@ class TaskQuerySet(models.QuerySet["Task"]):
         return self.filter(status__in=lifecycle.CANCELLABLE)
 
     def lease_expired(self, now: datetime) -> TaskQuerySet:
-        """Executing tasks whose worker stopped heartbeating (task_executing_hb_idx)."""
-        return self.filter(status=TaskStatus.EXECUTING, heartbeat_at__lt=now - lease_timeout())
+        """Executing tasks whose worker stopped heartbeating.
+
+        Through task_executing_since_idx: only a task handed out before the
+        cutoff can have a heartbeat before it.
+        """
+        cutoff = now - lease_timeout()
+        return self.filter(
+            status=TaskStatus.EXECUTING, claimed_at__lt=cutoff, heartbeat_at__lt=cutoff
+        )
 
 
 class Task(models.Model):
@@ -118,16 +125,27 @@ class Task(models.Model):
             models.Index(
                 fields=["scheduled_at"], name="task_retry_due_idx", condition=Q(status="retry")
             ),
-            # Used by the watchdog to find expired leases.
+            # Used by the watchdog to find expired leases: a lease can have run
+            # out only for a task handed out longer ago than the lease timeout
+            # (heartbeat_at starts at claimed_at or later and only grows), so
+            # the watchdog reads those through this index and checks their
+            # heartbeat_at in the row.  Not an index on heartbeat_at itself: a
+            # heartbeat, the most frequent write of a running task, then
+            # changes no indexed column and Postgres writes it as a HOT update
+            # (no new entry in any of the table's indexes).  `claimed_at IS NOT
+            # NULL` (true of every executing task) keeps this index to queries
+            # that compare claimed_at: under statistics that say few tasks
+            # execute, the planner would otherwise read it whole, filtering on
+            # the worker, for "what does this worker hold" (task_executing_by_idx).
             models.Index(
-                fields=["heartbeat_at"],
-                name="task_executing_hb_idx",
-                condition=Q(status="executing"),
+                fields=["claimed_at"],
+                name="task_executing_since_idx",
+                condition=Q(status="executing", claimed_at__isnull=False),
             ),
             # Who holds what now (workers.models: GET /workers, the dashboard's
             # worker states): a worker's executing tasks in one probe.  Through
             # task_claimed_by_idx that walked the worker's whole history, and
-            # through task_executing_hb_idx every executing task of every worker.
+            # through an index of all executing tasks, every task of every worker.
             models.Index(
                 fields=["claimed_by"],
                 name="task_executing_by_idx",

@@ -568,7 +568,8 @@ def test_metrics__summed_across_gunicorn_workers_and_loop_processes(
     # A loop process: the watchdog makes an expired lease's task dead.
     doomed = Queue.objects.create(name="mp-doomed", max_retries=0)
     task = TaskFactory(queue=doomed, status=S.EXECUTING)
-    Task.objects.filter(pk=task.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    Task.objects.filter(pk=task.pk).update(claimed_at=an_hour_ago, heartbeat_at=an_hour_ago)
     lines, watchdog_pid = _run_loop(
         "run_watchdog", {**process_env, "TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS": "5"}
     )

@@ -85,13 +85,14 @@ class WatchdogLoop(Loop):
         """Fail one batch of expired leases; True if the batch was full."""
         now = timezone.now()
         with transaction.atomic():
-            # Uses task_executing_hb_idx; SKIP LOCKED so watchdogs share the work
-            # and never wait on a worker's ack holding the row.
+            # Uses task_executing_since_idx, oldest hand-out first; SKIP LOCKED
+            # so watchdogs share the work and never wait on a worker's ack
+            # holding the row.
             tasks = list(
                 Task.objects.lease_expired(now)
                 .select_for_update(skip_locked=True, no_key=True, of=("self",))
                 .select_related("queue")
-                .order_by("heartbeat_at")[:BATCH]
+                .order_by("claimed_at")[:BATCH]
             )
             holders = {task.claimed_by for task in tasks if task.claimed_by}
             for task in tasks:

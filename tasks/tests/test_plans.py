@@ -25,6 +25,7 @@ from django.utils import timezone
 from queues.tests.factories import QueueFactory
 from taskforge.lib import pg
 from tasks import sql, transitions
+from tasks.models import Task
 from workers import sql as worker_sql
 from workers.models import HELD_TASKS, Worker, current_tasks, held_tasks
 
@@ -139,7 +140,7 @@ def test_who_holds_what__one_probe_per_worker_under_history_statistics(
 ) -> None:
     """The dashboard asks, per worker, whether it executes a task now: through
     task_executing_by_idx, not the worker's history (task_claimed_by_idx, 5000 done
-    tasks of "w" here) nor every executing task (task_executing_hb_idx: 24 s for the
+    tasks of "w" here) nor every executing task (an index of them all: 24 s for the
     overview with 50,000 executing tasks and 200 workers)."""
     queue = history_statistics
     now = timezone.now()
@@ -199,3 +200,22 @@ def test_statements_by_id__generic_plans_use_the_primary_key_before_any_claim() 
     text = generic_plan(sql.BUFFER_DUE.text, params, sql.BUFFER_DUE.off)
     assert PARTIAL.findall(text) == ["task_pending_due_idx"], text
     assert "tasks_task_pkey" in text and "Seq Scan on tasks_task" not in text, text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_expired_leases__through_the_hand_out_times_under_history_statistics(
+    history_statistics: Any,
+) -> None:
+    """The watchdog's query reads task_executing_since_idx (tasks handed out before
+    the cutoff), not every executing task, nor the history."""
+    from workers.watchdog import BATCH
+
+    now = timezone.now()
+    query = (
+        Task.objects.lease_expired(now)
+        .select_for_update(skip_locked=True, no_key=True, of=("self",))
+        .order_by("claimed_at")[:BATCH]
+    )
+    with transaction.atomic():
+        text = query.explain()
+    assert PARTIAL.findall(text) == ["task_executing_since_idx"], text

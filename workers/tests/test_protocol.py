@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from queues.exceptions import UnknownQueue
@@ -94,6 +95,32 @@ def test_heartbeat__extends_the_lease_and_keeps_the_history() -> None:
     assert protocol.lease_expires_at(outcome.heartbeat_at) == outcome.heartbeat_at + lease_timeout()
     [foreign] = protocol.heartbeat("w2", [protocol.Item(str(task.pk))])
     assert isinstance(foreign.error, LeaseLost)
+
+
+def _hot_updates() -> int:
+    """Postgres's count of HOT updates of tasks_task, this session's included."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'tasks_task'")
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat__is_a_hot_update() -> None:
+    """A heartbeat writes heartbeat_at alone, which no index holds: Postgres
+    writes it without a new entry in any index (migration tasks 0011)."""
+    _buffered(count=5)
+    held = protocol.claim(protocol.ClaimRequest("w1", ["q"], max_tasks=5))
+    assert len(held) == 5
+    before = _hot_updates()
+    outcomes = protocol.heartbeat("w1", [protocol.Item(str(task.pk)) for task in held])
+    assert all(outcome.error is None for outcome in outcomes)
+    deadline = time.monotonic() + 10
+    while _hot_updates() - before < 5:
+        assert time.monotonic() < deadline, _hot_updates() - before
+        time.sleep(0.1)
 
 
 def test_ack__repeats_safely_for_the_holder_only() -> None:

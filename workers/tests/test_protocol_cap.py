@@ -157,7 +157,8 @@ def test_slot_freed__wakes_a_waiting_claim(
         protocol.nack("w1", protocol.Item(str(first.pk)), error="boom", retry_after_seconds=60)
     else:
         settings.TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS = 1
-        Task.objects.filter(pk=first.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=5))
+        then = timezone.now() - timedelta(seconds=5)
+        Task.objects.filter(pk=first.pk).update(claimed_at=then, heartbeat_at=then)
         freed_at = time.monotonic()
         assert WatchdogLoop().expire_leases() is False
     thread.join(timeout=5)

@@ -415,9 +415,8 @@ def test_an_answer_after_the_lease_was_reclaimed_changes_nothing(target: Target)
             ids = enqueue(queue, {"n": 1})
             wait_for(lambda: len(target.requests) == 1)
             # The watchdog reclaimed the lease meanwhile (a failed attempt).
-            Task.objects.filter(pk=ids[0]).update(
-                heartbeat_at=datetime.now(UTC) - timedelta(hours=1)
-            )
+            an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
+            Task.objects.filter(pk=ids[0]).update(claimed_at=an_hour_ago, heartbeat_at=an_hour_ago)
             WatchdogLoop().expire_leases()
             release.set()
             time.sleep(1.0)

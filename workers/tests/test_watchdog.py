@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
 
 
 def age_lease(task: Task, seconds: float) -> None:
-    Task.objects.filter(pk=task.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=seconds))
+    """Handed out and last heartbeated `seconds` ago."""
+    then = timezone.now() - timedelta(seconds=seconds)
+    Task.objects.filter(pk=task.pk).update(claimed_at=then, heartbeat_at=then)
 
 
 def test_expire_leases__failed_attempt_then_dead() -> None:
