@@ -25,14 +25,19 @@ _pool_checked_at = [0.0]
 POOL_CHECK_EVERY = 1.0
 
 
-def connect_own(**options: Any) -> psycopg.Connection[Any]:
-    """A psycopg connection of its own to the default database, outside Django's
-    connection and pool: Django's parameters without its cursor class and
-    adapters, `options` (autocommit, connect_timeout, ...) over them."""
+def own_params() -> dict[str, Any]:
+    """psycopg's connection parameters for the default database, outside Django's
+    connection and pool: Django's, without its cursor class and adapters."""
     params = connections[DEFAULT_DB_ALIAS].get_connection_params()
     params.pop("cursor_factory", None)
     params.pop("context", None)
-    return psycopg.connect(**{**params, **options})
+    return params
+
+
+def connect_own(**options: Any) -> psycopg.Connection[Any]:
+    """A psycopg connection of its own to the default database (`own_params`),
+    `options` (autocommit, connect_timeout, ...) over its parameters."""
+    return psycopg.connect(**{**own_params(), **options})
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from django.db.models.signals import post_init
 from prometheus_client import Counter, multiprocess, values
 
 from queues.models import Queue
-from taskforge.lib import internals
+from taskforge.lib import internals, pg
 from tasks.models import Task
 from tasks.tests.factories import TaskFactory
 
@@ -125,10 +125,9 @@ def test_a_reset_set_on_a_made_pool_runs_on_connections_given_back() -> None:
         reset_seen.append(conn)
         ran.set()
 
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    pool: ConnectionPool[Any] = ConnectionPool(kwargs=params, min_size=1, max_size=1, open=True)
+    pool: ConnectionPool[Any] = ConnectionPool(
+        kwargs=pg.own_params(), min_size=1, max_size=1, open=True
+    )
     try:
         with pool.connection(timeout=10):
             pass
