@@ -37,8 +37,8 @@ from taskforge import metrics, urls
 from taskforge.api.models import ApiKey
 from tasks import transitions
 from tasks.dispatcher import DispatcherLoop
-from tasks.models import Task, TaskStatus
-from tasks.tests.factories import TaskFactory
+from tasks.models import TaskStatus
+from tasks.tests.factories import TaskFactory, age_lease
 from tests.helpers import TRANSITION_FIELDS
 from tests.service import database_url
 from workers.models import Worker
@@ -568,8 +568,7 @@ def test_metrics__summed_across_gunicorn_workers_and_loop_processes(
     # A loop process: the watchdog makes an expired lease's task dead.
     doomed = Queue.objects.create(name="mp-doomed", max_retries=0)
     task = TaskFactory(queue=doomed, status=S.EXECUTING)
-    an_hour_ago = timezone.now() - timedelta(hours=1)
-    Task.objects.filter(pk=task.pk).update(claimed_at=an_hour_ago, heartbeat_at=an_hour_ago)
+    age_lease(task.pk, 3600)
     lines, watchdog_pid = _run_loop(
         "run_watchdog", {**process_env, "TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS": "5"}
     )

@@ -9,6 +9,7 @@ production does not.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import factory
@@ -61,6 +62,13 @@ def walk(task: Task, to_status: str, *, worker_id: str = "worker-1") -> Task:
             elif step == "cancel":
                 transitions.cancel([task])
     return task
+
+
+def age_lease(task_id: Any, seconds: float) -> None:
+    """The executing task was handed out, and last heartbeated, `seconds` ago (the
+    watchdog looks for leases among tasks handed out before its cutoff)."""
+    then = timezone.now() - timedelta(seconds=seconds)
+    Task.objects.filter(pk=task_id).update(claimed_at=then, heartbeat_at=then)
 
 
 class TaskFactory(factory.django.DjangoModelFactory):

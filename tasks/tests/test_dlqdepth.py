@@ -26,9 +26,8 @@ from tasks import dlqdepth, retention, services, transitions
 from tasks.exceptions import InvalidTransition
 from tasks.models import DeadCount, Task, TaskStatus
 from tasks.stats import queue_stats
-from tasks.tests.factories import TaskFactory
+from tasks.tests.factories import TaskFactory, age_lease
 from tests.test_metrics import scrape, unique, value
-from workers.tests.test_watchdog import age_lease
 from workers.watchdog import WatchdogLoop
 
 pytestmark = pytest.mark.django_db
@@ -76,7 +75,7 @@ def test_depth__exact_across_die_replay_discard_purge_and_retention(settings: An
     dead_b = [TaskFactory(queue=b, status=S.DEAD) for _ in range(2)]
     leased = [TaskFactory(queue=b, status=S.EXECUTING) for _ in range(3)]
     for task in leased:
-        age_lease(task, 3600)
+        age_lease(task.pk, 3600)
     WatchdogLoop().expire_leases()
     exact({a: 4, b: 5})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -19,12 +20,6 @@ from workers.watchdog import WatchdogLoop
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
-def _stats(table: str) -> tuple[int, int]:
-    """(dead rows, vacuums run by hand) of `table`, as Postgres's statistics say."""
-    dead, vacuums, _ = _counts(table)
-    return dead, vacuums
-
-
 def _counts(table: str) -> tuple[int, int, int]:
     """(dead rows, vacuums run by hand, analyzes run by hand) of `table`."""
     with connection.cursor() as cursor:
@@ -36,6 +31,18 @@ def _counts(table: str) -> tuple[int, int, int]:
         )
         dead, vacuums, analyzes = cursor.fetchone()
     return dead, vacuums, analyzes
+
+
+def _poll_to_the_end(vacuumer: Vacuumer | None = None) -> None:
+    """One poll that starts a run, waited for to its end."""
+    thread = (vacuumer or Vacuumer()).poll()
+    assert thread is not None
+    _finish(thread)
+
+
+def _finish(thread: threading.Thread) -> None:
+    thread.join(timeout=30)
+    assert not thread.is_alive()
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +72,7 @@ def _dead_rows(count: int) -> None:
         cursor.execute("UPDATE tasks_task SET priority = 6 WHERE queue_id = %s", [queue.pk])
         cursor.execute("SELECT pg_stat_force_next_flush()")
     deadline = time.monotonic() + 10
-    while _stats("tasks_task")[0] < count:
+    while _counts("tasks_task")[0] < count:
         assert time.monotonic() < deadline, "the statistics never counted the dead rows"
         time.sleep(0.1)
 
@@ -74,10 +81,7 @@ def test_poll__vacuums_a_table_past_the_threshold(settings: LazySettings) -> Non
     settings.TASKFORGE_VACUUM_DEAD_ROWS = 200
     _dead_rows(500)
     _, vacuums, analyzes = _counts("tasks_task")
-    thread = Vacuumer().poll()
-    assert thread is not None
-    thread.join(timeout=30)
-    assert not thread.is_alive()
+    _poll_to_the_end()
     dead, vacuums_after, analyzes_after = _counts("tasks_task")
     # One VACUUM (ANALYZE): the 1000 changed rows were due an analyze as well.
     assert (vacuums_after, analyzes_after) == (vacuums + 1, analyzes + 1)
@@ -96,9 +100,7 @@ def test_poll__analyzes_a_changed_table_below_the_dead_rows_threshold(
     settings.TASKFORGE_VACUUM_DEAD_ROWS = 10_000
     _dead_rows(500)
     _, vacuums, analyzes = _counts("tasks_task")
-    thread = Vacuumer().poll()
-    assert thread is not None
-    thread.join(timeout=30)
+    _poll_to_the_end()
     _, vacuums_after, analyzes_after = _counts("tasks_task")
     assert (vacuums_after, analyzes_after) == (vacuums, analyzes + 1)
     done = [r for r in caplog.records if r.msg == "analyze.done"]
@@ -149,9 +151,7 @@ def test_analyze__a_prepared_statement_planned_on_a_small_table_is_planned_again
     assert "Seq Scan on tasks_task" in before, before
     _dead_rows(5000)  # the table grows (and changes) well past the analyze threshold
     assert "Seq Scan on tasks_task" in _hand_out_plan(str(created[7].pk))
-    thread = Vacuumer().poll()
-    assert thread is not None
-    thread.join(timeout=30)
+    _poll_to_the_end()
     assert transitions.hand_out([str(created[7].pk)], worker_id="w")
     after = _hand_out_plan(str(created[7].pk))
     assert "Seq Scan on tasks_task" not in after, after
@@ -165,9 +165,7 @@ def test_poll__looks_again_only_after_a_while(settings: LazySettings) -> None:
     _dead_rows(500)
     assert vacuumer.poll() is None
     vacuumer._next_check = 0.0
-    thread = vacuumer.poll()
-    assert thread is not None
-    thread.join(timeout=30)
+    _poll_to_the_end(vacuumer)
 
 
 def test_vacuum__skips_a_table_that_is_being_vacuumed(caplog: pytest.LogCaptureFixture) -> None:
@@ -188,10 +186,10 @@ def test_vacuum__skips_a_table_that_is_being_vacuumed(caplog: pytest.LogCaptureF
 def test_watchdog__vacuums_in_its_ticks(settings: LazySettings) -> None:
     settings.TASKFORGE_VACUUM_DEAD_ROWS = 200
     _dead_rows(500)
-    _, vacuums = _stats("tasks_task")
+    _, vacuums, _ = _counts("tasks_task")
     loop = WatchdogLoop()
     loop.tick()
     thread = loop.vacuumer._thread
     assert thread is not None
-    thread.join(timeout=30)
-    assert _stats("tasks_task")[1] == vacuums + 1
+    _finish(thread)
+    assert _counts("tasks_task")[1] == vacuums + 1

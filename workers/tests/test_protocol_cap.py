@@ -26,7 +26,7 @@ from tasks import concurrency, services
 from tasks.buffer import get_buffer
 from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskStatus
-from tasks.tests.factories import TaskFactory
+from tasks.tests.factories import TaskFactory, age_lease
 from workers import protocol
 from workers.watchdog import WatchdogLoop
 
@@ -157,8 +157,7 @@ def test_slot_freed__wakes_a_waiting_claim(
         protocol.nack("w1", protocol.Item(str(first.pk)), error="boom", retry_after_seconds=60)
     else:
         settings.TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS = 1
-        then = timezone.now() - timedelta(seconds=5)
-        Task.objects.filter(pk=first.pk).update(claimed_at=then, heartbeat_at=then)
+        age_lease(first.pk, 5)
         freed_at = time.monotonic()
         assert WatchdogLoop().expire_leases() is False
     thread.join(timeout=5)

@@ -27,6 +27,7 @@ from taskforge_client.push import verify_signature
 from tasks import services
 from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskEvent, TaskStatus
+from tasks.tests.factories import age_lease
 from tests.pushtarget import Answer, Target
 from workers import protocol
 from workers.models import Worker
@@ -415,8 +416,7 @@ def test_an_answer_after_the_lease_was_reclaimed_changes_nothing(target: Target)
             ids = enqueue(queue, {"n": 1})
             wait_for(lambda: len(target.requests) == 1)
             # The watchdog reclaimed the lease meanwhile (a failed attempt).
-            an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
-            Task.objects.filter(pk=ids[0]).update(claimed_at=an_hour_ago, heartbeat_at=an_hour_ago)
+            age_lease(ids[0], 3600)
             WatchdogLoop().expire_leases()
             release.set()
             time.sleep(1.0)

@@ -11,7 +11,7 @@ from dlq.models import DeadLetterTask
 from queues.tests.factories import QueueFactory
 from tasks.buffer import get_buffer
 from tasks.models import Task, TaskStatus
-from tasks.tests.factories import TaskFactory
+from tasks.tests.factories import TaskFactory, age_lease
 from tasks.transitions import LEASE_EXPIRED_ERROR
 from workers.models import Worker
 from workers.watchdog import WatchdogLoop
@@ -20,24 +20,18 @@ S = TaskStatus
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_client")]
 
 
-def age_lease(task: Task, seconds: float) -> None:
-    """Handed out and last heartbeated `seconds` ago."""
-    then = timezone.now() - timedelta(seconds=seconds)
-    Task.objects.filter(pk=task.pk).update(claimed_at=then, heartbeat_at=then)
-
-
 def test_expire_leases__failed_attempt_then_dead() -> None:
     queue = QueueFactory(max_retries=1)
     retrying = TaskFactory(queue=queue, status=S.EXECUTING)
     fresh = TaskFactory(queue=queue, status=S.EXECUTING)
-    age_lease(retrying, 31)
+    age_lease(retrying.pk, 31)
     WatchdogLoop().expire_leases()
     retrying.refresh_from_db()
     assert (retrying.status, retrying.last_error) == (S.RETRY, LEASE_EXPIRED_ERROR)
     assert Task.objects.get(pk=fresh.pk).status == S.EXECUTING
 
     last = TaskFactory(queue=queue, status=S.EXECUTING, max_retries=0)
-    age_lease(last, 60)
+    age_lease(last.pk, 60)
     WatchdogLoop().expire_leases()
     assert Task.objects.get(pk=last.pk).status == S.DEAD
     assert DeadLetterTask.objects.get(task=last).last_error == LEASE_EXPIRED_ERROR
@@ -49,7 +43,7 @@ def test_expire_leases__marks_the_worker_that_lost_them() -> None:
     Worker.objects.create(worker_id="crashed", last_seen_at=seen)
     Worker.objects.create(worker_id="drained", last_seen_at=seen)
     expired = TaskFactory(status=S.EXECUTING, worker_id="crashed")
-    age_lease(expired, 31)
+    age_lease(expired.pk, 31)
 
     WatchdogLoop().expire_leases()
 
