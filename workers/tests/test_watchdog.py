@@ -37,6 +37,16 @@ def test_expire_leases__failed_attempt_then_dead() -> None:
     assert DeadLetterTask.objects.get(task=last).last_error == LEASE_EXPIRED_ERROR
 
 
+def test_expire_leases__a_long_task_that_heartbeats_keeps_its_lease() -> None:
+    """Handed out long before the cutoff but heartbeated since: not expired (the
+    watchdog reads tasks by hand-out time, then checks each one's heartbeat)."""
+    long_running = TaskFactory(status=S.EXECUTING)
+    age_lease(long_running.pk, 3600)
+    Task.objects.filter(pk=long_running.pk).update(heartbeat_at=timezone.now())
+    assert WatchdogLoop().expire_leases() is False
+    assert Task.objects.get(pk=long_running.pk).status == S.EXECUTING
+
+
 def test_expire_leases__marks_the_worker_that_lost_them() -> None:
     """The dashboard tells a crashed worker (stale) from one that left cleanly."""
     seen = timezone.now() - timedelta(seconds=40)
