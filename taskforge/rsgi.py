@@ -22,6 +22,7 @@ application = DjangoBridge(
     threads=_server.threads,
     max_body=settings.TASKFORGE_MAX_REQUEST_BYTES,
     body_timeout=_server.body_timeout,
+    hot=wsgi_application.answer,
     on_stop=lambda: metrics.process_exited(os.getpid()),
 )
 prepare_process()

@@ -17,7 +17,8 @@ This bridge is the RSGI application.  On the event loop it:
   `environ["taskforge.disconnected"]` (see taskforge.api.peer);
 
 and then runs Django's ordinary WSGI handler on a thread pool, whose thread
-sends the answer.  A waiting long poll holds one pool thread (idle: no CPU, no
+sends the answer (a call of the hot lane, `hot`, without WSGI's wrapping:
+taskforge.api.lane).  A waiting long poll holds one pool thread (idle: no CPU, no
 database connection, ~100 KB); the pool is sized for the fleet
 (TASKFORGE_WEB_THREADS).  Everything else in the request (middleware,
 authentication, views, logging, metrics) is the same Django code that
@@ -41,6 +42,8 @@ from taskforge.api.responses import error_body
 logger = logging.getLogger(__name__)
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+# An answer made whole: status, headers, body.
+Answer = tuple[int, list[tuple[str, str]], bytes]
 
 # Paths whose requests may wait for a long time; only these pay for watching the
 # client (an extra task on the event loop per request).
@@ -173,7 +176,7 @@ def _settle_error(future: asyncio.Future[Any], exc: BaseException) -> None:
         future.set_exception(exc)
 
 
-def _error(status: int, code: str, message: str) -> tuple[int, list[tuple[str, str]], bytes]:
+def _error(status: int, code: str, message: str) -> Answer:
     body = json.dumps(error_body(code, message)).encode()
     headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
     if status in (408, 413):
@@ -191,9 +194,11 @@ class DjangoBridge:
         threads: int,
         max_body: int,
         body_timeout: float,
+        hot: Callable[[dict[str, Any]], Answer | None] | None = None,
         on_stop: Callable[[], None] | None = None,
     ) -> None:
         self.app = app
+        self.hot = hot
         self.on_stop = on_stop
         self.max_body = max_body
         self.body_timeout = body_timeout
@@ -282,7 +287,7 @@ class DjangoBridge:
 
     # The event loop's side ----------------------------------------------------
 
-    def _refuse_declared(self, scope: _Scope) -> tuple[int, list[tuple[str, str]], bytes] | None:
+    def _refuse_declared(self, scope: _Scope) -> Answer | None:
         length = scope.headers.get("content-length")
         if length is None:
             return None
@@ -292,7 +297,7 @@ class DjangoBridge:
             return self._too_large()
         return None
 
-    def _too_large(self) -> tuple[int, list[tuple[str, str]], bytes]:
+    def _too_large(self) -> Answer:
         return _error(
             413, "payload_too_large", f"The request body is larger than {self.max_body} bytes."
         )
@@ -373,13 +378,17 @@ class DjangoBridge:
         it is made; sent from the event loop, it first waited for the loop's thread
         to get the GIL back from the threads running other requests' Python.
         """
-        answer = self._call(environ)
+        answer: Answer | _Stream | None = None
+        if self.hot is not None and environ["REQUEST_METHOD"] == "POST":
+            answer = self.hot(environ)
+        if answer is None:
+            answer = self._call(environ)
         if isinstance(answer, _Stream):
             return answer
         protocol.response_bytes(*answer)
         return None
 
-    def _call(self, environ: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes] | _Stream:
+    def _call(self, environ: dict[str, Any]) -> Answer | _Stream:
         """Run the WSGI application; a whole answer, or the started stream to send."""
         started: list[Any] = []
 

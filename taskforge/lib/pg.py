@@ -23,6 +23,15 @@ logger = logging.getLogger(__name__)
 _pool_check = threading.Lock()
 _pool_checked_at = [0.0]
 POOL_CHECK_EVERY = 1.0
+# How many times a request met a broken connection (check_pool_soon): a connection
+# a thread kept outside the pool before that (taskforge.api.lane.Parking) may be
+# dead too, and is not used again.
+_broken = [0]
+
+
+def broken_seen() -> int:
+    """A number that changes whenever a request meets a broken connection."""
+    return _broken[0]
 
 
 def own_params() -> dict[str, Any]:
@@ -96,6 +105,7 @@ def check_pool_soon() -> None:
     a thread of its own (the request answers at once), at most one at a time
     and one a second; nothing without a pool (DATABASE_POOL_MAX=0).
     """
+    _broken[0] += 1
     now = time.monotonic()
     if now - _pool_checked_at[0] < POOL_CHECK_EVERY or not _pool_check.acquire(blocking=False):
         return
