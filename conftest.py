@@ -19,6 +19,7 @@ from taskforge.api.authentication import forget_cached_keys
 from taskforge.api.health import forget_readiness
 from taskforge.api.lane import LaneClientHandler
 from taskforge.api.models import ApiKey
+from tasks.buffer import forget_seen_sizes
 
 os.environ.setdefault("SECRET_KEY", "test-secret-key")
 
@@ -53,14 +54,17 @@ def _flush_outlasts_live_services() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _fresh_caches() -> Iterator[None]:
-    """Each test sees keys and queues as the database has them (no per-process memory)."""
+    """Each test sees keys, queues and buffers as the databases have them (no per-process
+    memory)."""
     forget_cached_keys()
     lookup.clear()
     forget_readiness()
+    forget_seen_sizes()
     yield
     forget_cached_keys()
     lookup.clear()
     forget_readiness()
+    forget_seen_sizes()
 
 
 @pytest.fixture

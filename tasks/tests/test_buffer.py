@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import redis
 
+from tasks import buffer as buffer_module
 from tasks.buffer import (
     WATCH_MARGIN_MS,
     Admission,
@@ -188,3 +189,23 @@ def test_admit__into_the_buffer_or_pending_with_or_without_a_wake_up(
     assert buffer.admit("adm", 1, 299) is Admission.WAKE  # more urgent: to be swapped in
     redis_client.set(watched_key("adm"), "1", px=WATCH_MARGIN_MS - 200)  # a watch ending
     assert buffer.admit("adm", 1, 500) is Admission.WAKE
+
+
+def test_admit__without_a_round_trip_while_the_last_push_left_room_twice_over(
+    buffer: Buffer, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.TASKFORGE_BUFFER_SIZE = 10
+    buffer.push("roomy", [("a", 100)], wake=True)  # the buffer holds 1 of 10
+
+    def asked(**kwargs: Any) -> int:
+        raise AssertionError("admit asked Redis")
+
+    monkeypatch.setattr(buffer, "_admit", asked)
+    assert buffer.admit("roomy", 4, 500) is Admission.BUFFER  # 1 + 4 <= 10 // 2
+    with pytest.raises(AssertionError):
+        buffer.admit("roomy", 5, 500)  # 1 + 5: past half the bound, Redis says
+    with pytest.raises(AssertionError):
+        buffer.admit("other", 1, 500)  # nothing seen of that queue
+    monkeypatch.setattr(buffer_module, "SEEN_SIZE_SECONDS", 0.0)
+    with pytest.raises(AssertionError):
+        buffer.admit("roomy", 1, 500)  # seen too long ago
