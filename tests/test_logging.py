@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -239,6 +240,29 @@ def test_json_formatter__keeps_the_spaced_layout() -> None:
     record = logging.makeLogRecord({"msg": "loop.started", "loop": "dispatcher"})
     text = JsonFormatter().format(record)
     assert '"event": "loop.started", "loop": "dispatcher"' in text
+
+
+def test_json_formatter__writes_what_the_stdlib_encoder_writes() -> None:
+    """Any value a line may carry reads as json.dumps(default=str, ensure_ascii=False)
+    writes it: odd floats, non-ASCII and escapes, lists, and str() of anything else."""
+    extra = {
+        "task_id": uuid.UUID("01a2342d-b443-7308-ad96-48ee20da1572"),
+        "at": datetime(2026, 12, 2, 1, 2, 3, 456789, tzinfo=UTC),
+        "duration_ms": 3.235,
+        "ratio": float("nan"),
+        "big": float("inf"),
+        "text": 'é \u2028 "quoted" \\ \n',
+        "queues": ["a", "b", None, True, 1],
+        "nested": {"k": [1.5, {"z": None}]},
+    }
+    record = logging.makeLogRecord(
+        {"msg": "task.acked", "created": 0.0, "name": "t", "levelname": "INFO", **extra}
+    )
+    text = JsonFormatter().format(record)
+    expected: dict[str, object] = {"ts": "1970-01-01T00:00:00.000000Z", "level": "info"}
+    expected |= {"logger": "t"}
+    expected |= {"event": "task.acked", **extra}
+    assert text == json.dumps(expected, default=str, ensure_ascii=False)
 
 
 def test_gunicorn_lines__format_under_our_logging_settings(

@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import json
+import json.encoder
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RESERVED = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 # The stdlib's encoder, not orjson (taskforge.lib.jsonutil): lines keep the
 # `"key": value` spacing that tools grepping the logs may rely on.
-_encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
+_encode: Callable[[Any], str] = json.JSONEncoder(default=str, ensure_ascii=False).encode
+# Its C encoder, made once: JSONEncoder.encode makes one for every call (with a
+# dict for circular references, and a closure), a quarter of its time for a
+# transition's line (2.8 -> 2.1 us); the text is the same.  Without the check for
+# circular references: a line's values are flat.
+_make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+if _make_c_encoder is not None:
+    _c_encoder = _make_c_encoder(
+        None, str, json.encoder.encode_basestring, None, ": ", ", ", False, False, True
+    )
+
+    def _encode(value: Any) -> str:
+        return "".join(_c_encoder(value, 0))
+
 
 # A record whose `extra` holds this key, a list of dicts, is written as one JSON line
 # per dict (the transitions of one batch statement: tasks.transitions._log).
