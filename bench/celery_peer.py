@@ -14,6 +14,7 @@ Not part of TaskForge: only `bench/run.py` imports it, and only when Celery is i
 from __future__ import annotations
 
 import os
+import urllib.parse
 from typing import Any
 
 import redis
@@ -22,7 +23,19 @@ from celery import Celery
 BROKER = os.environ.get("BENCH_CELERY_BROKER", "redis://127.0.0.1:6379/0")
 COUNTER = os.environ.get("BENCH_CELERY_COUNTER", "bench-celery:done")
 
-app = Celery("bench_peer", broker=BROKER)
+
+def kombu_url(url: str) -> str:
+    """REDIS_URL as Celery's broker URL: kombu names a unix socket `redis+socket://`
+    and its db `virtual_host` (`make bench`'s own Redis listens on a socket)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "unix":
+        return url
+    query = urllib.parse.parse_qs(parts.query)
+    db = query.get("db", ["0"])[0]
+    return f"redis+socket://{parts.path}?virtual_host={db}"
+
+
+app = Celery("bench_peer", broker=kombu_url(BROKER))
 app.conf.update(
     task_acks_late=True,
     task_ignore_result=True,
