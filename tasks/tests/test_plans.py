@@ -7,10 +7,10 @@ statistics say (their status guards prove no partial index), and the
 dispatcher's must walk task_pending_due_idx in order.  Checked here under the
 worst statistics: every row finished, as ANALYZE sees it, then the live rows.
 
-The API runs these statements prepared, and Postgres settles on a generic plan
-(made without the parameters' values) from a statement's sixth run, kept until
-the table's statistics change; so the generic plans are checked too, under the
-statistics of a table whose tasks were never claimed.
+The API runs these statements prepared, with their generic plans (made without
+the parameters' values, kept until the table's statistics change:
+taskforge.lib.pg); so the generic plans are checked too, under history
+statistics and under those of a table whose tasks were never claimed.
 """
 
 from __future__ import annotations
@@ -75,6 +75,13 @@ def generic_plan(text: str, params: dict[str, Any], off: tuple[str, ...] = ()) -
                 cursor.execute(f"RESET {method}")
             cursor.execute("DEALLOCATE generic_plan_check")
     return "\n".join(lines)
+
+
+def _through_the_primary_key(plans: dict[str, str]) -> None:
+    for name, text in plans.items():
+        assert "tasks_task_pkey" in text, (name, text)
+        assert not PARTIAL.findall(text), (name, text)
+        assert "Seq Scan on tasks_task" not in text, (name, text)
 
 
 @pytest.fixture
@@ -192,10 +199,7 @@ def test_statements_by_id__generic_plans_use_the_primary_key_before_any_claim() 
         "ack": generic_plan(sql.ACK.text, {**common, "attempts": nones, "results": nones}),
         "heartbeat": generic_plan(worker_sql.HEARTBEAT, {**common, "attempts": nones}),
     }
-    for name, text in plans.items():
-        assert "tasks_task_pkey" in text, (name, text)
-        assert not PARTIAL.findall(text), (name, text)
-        assert "Seq Scan on tasks_task" not in text, (name, text)
+    _through_the_primary_key(plans)
     params = {"queue_id": queue.id, "now": now, "limit": 100, "better_than": None}
     text = generic_plan(sql.BUFFER_DUE.text, params, sql.BUFFER_DUE.off)
     assert PARTIAL.findall(text) == ["task_pending_due_idx"], text
@@ -219,3 +223,49 @@ def test_expired_leases__through_the_hand_out_times_under_history_statistics(
     with transaction.atomic():
         text = query.explain()
     assert PARTIAL.findall(text) == ["task_executing_since_idx"], text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_statements_by_id__generic_plans_use_the_primary_key_under_history_statistics(
+    history_statistics: Any,
+) -> None:
+    """The plans the API's prepared statements run (`pg._generic_plans`), after months of
+    traffic as ANALYZE sees them."""
+    queue = history_statistics
+    now = timezone.now()
+    created = transitions.create(
+        [transitions.NewTask(queue, {"n": n}, 5, now, 3) for n in range(3)], buffer=True
+    )
+    ids = [str(task.pk) for task in created]
+    common = {"worker_id": "w", "key_id": None, "now": now, "ids": ids}
+    nones: list[None] = [None] * len(ids)
+    plans = {
+        "hand_out": generic_plan(sql.HAND_OUT.text, {**common, "lease_from": now}),
+        "ack": generic_plan(sql.ACK.text, {**common, "attempts": nones, "results": nones}),
+    }
+    _through_the_primary_key(plans)
+    params = {"queue_id": queue.id, "now": now, "limit": 100, "better_than": None}
+    text = generic_plan(sql.BUFFER_DUE.text, params, sql.BUFFER_DUE.off)
+    assert PARTIAL.findall(text) == ["task_pending_due_idx"], text
+
+
+def _plan_cache_mode() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW plan_cache_mode")
+        return str(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prepared_statements__run_generic_plans_set_once_outside_a_transaction() -> None:
+    queue = QueueFactory()
+    now = timezone.now()
+    _plan_cache_mode()
+    raw = connection.connection  # made a new connection's
+    raw.execute("RESET plan_cache_mode")
+    raw._taskforge_generic_plans = False
+    with transaction.atomic():
+        transitions.create([transitions.NewTask(queue, {"n": 1}, 5, now, 3)])
+        assert _plan_cache_mode() == "auto"  # a rollback would undo it: not in here
+    assert _plan_cache_mode() == "auto"
+    transitions.create([transitions.NewTask(queue, {"n": 2}, 5, now, 3)])
+    assert _plan_cache_mode() == "force_generic_plan"
