@@ -18,6 +18,7 @@ from rest_framework.test import APIClient, ForceAuthClientHandler
 
 from queues.models import Queue
 from taskforge.api import lane
+from taskforge.api.bridge import Answer
 from taskforge.api.lane import MIRRORED, HotLane, LaneClientHandler
 from taskforge.api.models import ApiKey
 from taskforge.conf import conf
@@ -120,28 +121,41 @@ def records() -> Iterator[_Records]:
         logger.removeHandler(handler)
 
 
+def _through(
+    how: Callable[[dict[str, Any]], Answer],
+    environ: dict[str, Any],
+    records: _Records,
+) -> dict[str, Any]:
+    records.lines.clear()
+    before = _samples()
+    status, headers, body = how(environ)
+    after = _samples()
+    payload = json.loads(body)
+    return {
+        "status": status,
+        "headers": sorted((name.lower(), value) for name, value in headers),
+        # A created task's ids and times are its own; the answer's shape is compared.
+        "body": payload if status >= 400 else sorted(payload),
+        "logs": records.lines[:],
+        "counted": {
+            key: after[key] - before.get(key, 0.0)
+            for key in after
+            if after[key] != before.get(key, 0.0)
+        },
+    }
+
+
 def _call(
     client: APIClient, path: str, body: Any, records: _Records, spy: list[int]
 ) -> dict[str, Any]:
-    records.lines.clear()
-    before, responded = _samples(), len(spy)
-    response = client.post(path, json.dumps(body), content_type="application/json")
-    after = _samples()
-    counted = {
-        key: after[key] - before.get(key, 0.0)
-        for key in after
-        if after[key] != before.get(key, 0.0)
-    }
-    payload = json.loads(response.content)
-    return {
-        "lane": len(spy) > responded,
-        "status": response.status_code,
-        "headers": sorted((name.lower(), value) for name, value in response.items()),
-        # A created task's ids and times are its own; the answer's shape is compared.
-        "body": payload if response.status_code >= 400 else sorted(payload),
-        "logs": records.lines[:],
-        "counted": counted,
-    }
+    responded = len(spy)
+
+    def post(environ: dict[str, Any]) -> Answer:
+        response = client.post(path, json.dumps(body), content_type="application/json")
+        return response.status_code, list(response.items()), response.content
+
+    found = _through(post, {}, records)
+    return {"lane": len(spy) > responded, **found}
 
 
 CALLS = [
@@ -203,27 +217,8 @@ def _environ(key: str | None, path: str, body: Any) -> dict[str, Any]:
     return dict(request.environ)
 
 
-def _through(
-    how: Callable[[dict[str, Any]], tuple[int, list[tuple[str, str]], bytes]],
-    environ: dict[str, Any],
-    records: _Records,
-) -> dict[str, Any]:
-    records.lines.clear()
-    before = _samples()
-    status, headers, body = how(environ)
-    after = _samples()
-    payload = json.loads(body)
-    return {
-        "status": status,
-        "headers": sorted((name.lower(), value) for name, value in headers),
-        "body": payload if status >= 400 else sorted(payload),
-        "logs": records.lines[:],
-        "counted": {k: after[k] - before.get(k, 0.0) for k in after if after[k] != before.get(k)},
-    }
-
-
 def _wsgi(handler: lane.ApiWSGIHandler) -> Callable[[dict[str, Any]], Any]:
-    def call(environ: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
+    def call(environ: dict[str, Any]) -> Answer:
         started: list[Any] = []
         result = handler(environ, lambda status, headers: started.extend([status, headers]))
         try:
@@ -252,7 +247,7 @@ def test_answer__as_the_wsgi_call(
     Queue.objects.create(name=Q)
     key = ApiKey.issue(name=f"test-{role}", role=role)[1] if role else None
 
-    def direct(environ: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
+    def direct(environ: dict[str, Any]) -> Answer:
         answer = handler.answer(environ)
         assert answer is not None
         return answer

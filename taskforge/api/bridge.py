@@ -378,9 +378,7 @@ class DjangoBridge:
         it is made; sent from the event loop, it first waited for the loop's thread
         to get the GIL back from the threads running other requests' Python.
         """
-        answer: Answer | _Stream | None = None
-        if self.hot is not None and environ["REQUEST_METHOD"] == "POST":
-            answer = self.hot(environ)
+        answer: Answer | _Stream | None = self.hot(environ) if self.hot is not None else None
         if answer is None:
             answer = self._call(environ)
         if isinstance(answer, _Stream):

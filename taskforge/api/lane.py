@@ -63,6 +63,7 @@ from psycopg import pq
 from rest_framework.test import ForceAuthClientHandler
 
 from taskforge.api import headers, request_log
+from taskforge.api.bridge import Answer
 from taskforge.api.hot import is_plain_json_post
 from taskforge.api.middleware import (
     PrometheusAfterMiddleware,
@@ -191,8 +192,6 @@ class HotLaneMixin(BaseHandler):
 STARTED = frozenset({reset_queries, close_old_connections})
 FINISHED = frozenset({close_old_connections, close_caches, reset_urlconf})
 
-Answer = tuple[int, list[tuple[str, str]], bytes]
-
 
 def receivers(signal: Signal, sender: type) -> frozenset[Any]:
     """The functions `signal` calls when `sender` sends it."""
@@ -262,7 +261,6 @@ class Parking:
         raw = conn.connection
         if (
             raw is None
-            or getattr(conn, "pool", None) is None
             or conn.in_atomic_block
             or conn.errors_occurred
             or not conn.get_autocommit()
@@ -296,6 +294,7 @@ class ApiWSGIHandler(HotLaneMixin, WSGIHandler):
             and receivers(signals.request_started, type(self)) == STARTED
             and receivers(signals.request_finished, type(self)) == FINISHED
         ):
+            # Without a pool (DATABASE_POOL_MAX=0) the limit is 0: nothing is kept.
             self.parking = Parking(limit=settings.DATABASE_POOL_MAX // 2)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
@@ -313,8 +312,8 @@ class ApiWSGIHandler(HotLaneMixin, WSGIHandler):
         the thread's connection kept for its next hot call (`Parking`).
         """
         lane, parking = self._lane, self.parking
-        if lane is None or parking is None:
-            return None
+        if lane is None or parking is None or not is_plain_json_post(environ):
+            return None  # (the WSGI environ is the request's META)
         request = self.request_class(environ)
         match = lane.takes(request)
         if match is None:
