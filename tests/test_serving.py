@@ -45,6 +45,10 @@ def server(tmp_path: Path, transactional_db: None, redis_client: redis.Redis) ->
             "SECRET_KEY": "serving-secret-key",
             "TASKFORGE_HEADER_TIMEOUT_SECONDS": str(HEADER_TIMEOUT),
             "TASKFORGE_BODY_TIMEOUT_SECONDS": str(BODY_TIMEOUT),
+            # The pollers never heartbeat: with the suite's 2 s lease, a loaded
+            # machine let a lease run out while the fleet was still being served,
+            # and the watchdog rightly handed that task to a second poller.
+            "TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS": "120",
         },
     )
     try:
