@@ -1,14 +1,14 @@
 """History for `bench/run.py --retained N`: N finished tasks with their events, made by SQL.
 
-The rows are what TaskForge itself writes for a finished task: 90 % `done` (three events:
-buffered by a dispatcher, handed out, acked; a result; the creation is the task row's; a task
-its enqueue buffered has no row for that move either), 7 % `dead` (the same three, the last
-one to `dead` with its error; a DLQ entry; the queue's DLQ depth) and 3 % `cancelled` (one
-event).  They belong to one queue of their own (`bench-history`), were created over the last
-six days (inside the default retention, so the watchdog leaves them alone during the run) and
-carry the bench's payload.  `generate_series` in chunks, then `VACUUM (ANALYZE)`: the
-statistics then say what a server with months of history says, that nearly every task is
-finished.
+The rows are what TaskForge itself writes for a finished task: 90 % `done` (four events in two
+rows: buffered by a dispatcher, then the ack, whose row records the hand-out; a result; the
+creation is the task row's; a task its enqueue buffered has no row for that move either), 7 %
+`dead` (the same, the last move to `dead` with its error; a DLQ entry; the queue's DLQ depth)
+and 3 % `cancelled` (one event). They belong to one queue of their own (`bench-history`), were
+created over the last six days (inside the default retention, so the watchdog leaves them alone
+during the run) and carry the bench's payload. `generate_series` in chunks, then `VACUUM
+(ANALYZE)`: the statistics then say what a server with months of history says, that nearly every
+task is finished.
 
 Also here: the reads that must not scan history, timed against that queue.
 """
@@ -57,16 +57,18 @@ SELECT id, %(queue_id)s::uuid, %(payload)s::jsonb, status, 5, at,
 FROM ({_SERIES}) g
 """  # nosec B608 - constants only
 
+# The rows TaskForge writes (tasks.events): the dispatcher's buffering, and
+# the attempt's outcome, which records its hand-out (claimed_at).
 FILL_EVENTS = f"""
 INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt,
-                             error)
+                             error, claimed_at)
 SELECT g.id, CASE WHEN e.from_status = 'executing' THEN %(queue_id)s::uuid END,
        g.at + e.offset_ms * interval '1 ms', e.from_status,
        e.to_status, CASE WHEN e.worker THEN 'history-worker-' || (g.i %% 16) END, e.attempt,
-       CASE WHEN e.to_status = 'dead' THEN 'RuntimeError: upstream said 503' END
+       CASE WHEN e.to_status = 'dead' THEN 'RuntimeError: upstream said 503' END,
+       CASE WHEN e.worker THEN g.at + interval '2 ms' END
 FROM ({_SERIES}) g, LATERAL (
     SELECT * FROM (VALUES (1, 'pending', 'claimed', false, 0),
-                          (2, 'claimed', 'executing', true, 1),
                           (5, 'executing', g.status, true, 1))
         AS v(offset_ms, from_status, to_status, worker, attempt)
     WHERE g.status <> 'cancelled'

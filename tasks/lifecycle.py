@@ -58,18 +58,23 @@ def is_allowed(from_status: str | None, to_status: str) -> bool:
 ROW_RECORDED: tuple[Edge, ...] = ((None, S.PENDING), (S.PENDING, S.CLAIMED))
 
 
-def moves_of_row(status: str, first_stored: Edge | None) -> list[Edge]:
-    """The moves of ROW_RECORDED a task's row records: from its status and its
-    first stored event's move (None when it has none), oldest first.
+# The hand-out of an attempt, which the event row of the attempt's outcome
+# records (and the task row until then), not a row of its own (tasks.events).
+CLAIM: Edge = (S.CLAIMED, S.EXECUTING)
+
+
+def moves_of_row(status: str, first_move: Edge | None) -> list[Edge]:
+    """The moves of ROW_RECORDED a task's row records: from its status and the
+    first move of the rest of its chain (None when it has none), oldest first.
 
     A task created `pending` leaves `pending` first, so a task whose first
-    stored move leaves `claimed` (or, with none yet, is `claimed`) was buffered
+    later move leaves `claimed` (or, with none yet, is `claimed`) was buffered
     by its enqueue.  A first stored move from nothing was written by an earlier
     version, which stored every move: the row records none.
     """
-    if first_stored is not None and first_stored[0] is None:
+    if first_move is not None and first_move[0] is None:
         return []
-    if (first_stored[0] if first_stored is not None else status) == S.CLAIMED:
+    if (first_move[0] if first_move is not None else status) == S.CLAIMED:
         return list(ROW_RECORDED)
     return list(ROW_RECORDED[:1])
 

@@ -206,12 +206,13 @@ class Task(models.Model):
 
 
 class TaskEvent(models.Model):
-    """One row per status transition of a task, but those its row records.
+    """One row per status transition of a task, but those other rows record.
 
     The creation (`from_status` NULL), and for a task its enqueue put into the
-    dispatch buffer that move too, are the task row's own record, not rows here
-    (tasks.events builds them; tasks created by earlier versions have them
-    stored).
+    dispatch buffer that move too, are the task row's own record, not rows here.
+    An attempt's claim (`claimed` to `executing`) is recorded by the row of its
+    outcome (`claimed_at`), and until then by the task row.  tasks.events builds
+    the chain from them; tasks moved by earlier versions have these stored.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -244,6 +245,15 @@ class TaskEvent(models.Model):
     worker_id = models.CharField(max_length=200, null=True)
     attempt = models.PositiveIntegerField()
     error = models.TextField(null=True)
+    # On an attempt's outcome (an event from `executing`): when the attempt was
+    # handed out, so that this row is the record of that claim as well (same
+    # worker, same attempt): a row, its index entries and an insert fewer per
+    # attempt (docs/operations.md, "Storage").  NULL on rows of earlier versions.
+    claimed_at = models.DateTimeField(null=True)
+
+    # The event's place in its task's chain, (row id, 0 for the claim half of an
+    # outcome row, 1 otherwise): set by tasks.events, the events list's cursor.
+    key: tuple[int, int] = (0, 1)
 
     class Meta:
         indexes = [

@@ -2,10 +2,11 @@
 
 Each statement moves tasks and writes their events in one round trip: a CTE
 locks the rows, updates them guarded by their old status, and inserts one
-`tasks_taskevent` row per moved task (but a new task's: its row records
-them, tasks.events).  Each is a `Statement` that declares the status edges it
-takes; `tasks.transitions` runs them (and nothing else does), and a test
-holds the declared edges to `tasks.lifecycle.ALLOWED` and to the events each
+`tasks_taskevent` row per moved task (but where the task row records the
+move: a new task's, and a hand-out's until its outcome row does, tasks.events).
+Each is a `Statement` that declares the status edges it takes;
+`tasks.transitions` runs them (and nothing else does), and a test holds the
+declared edges to `tasks.lifecycle.ALLOWED` and to the events each
 statement writes.
 """
 
@@ -153,7 +154,10 @@ ORDER BY priority, scheduled_at, id
 )
 
 # -- hand_out --
-# claimed -> executing for the ids a claim popped from the buffer.  Ids no
+# claimed -> executing for the ids a claim popped from the buffer, with no
+# event row: the task row records the claim (claimed_at, claimed_by,
+# attempts) until the attempt's outcome, whose event row then records it
+# (tasks.events).  Ids no
 # longer `claimed` (cancelled, or handed out through a duplicate buffer
 # entry) are skipped: the status guard is the fence; so are ids of a queue
 # paused meanwhile (the claim puts those back).  Params: ids (uuid[]),
@@ -182,9 +186,6 @@ WITH cur AS (
     FROM cur
     WHERE t.id = cur.id AND {by_id_with_status("t", "claimed")}
     RETURNING {TASK_COLUMNS}, cur.status_changed_at AS previous_changed_at
-), events AS (
-    INSERT INTO tasks_taskevent (task_id, at, from_status, to_status, worker_id, attempt)
-    SELECT id, %(now)s, 'claimed', 'executing', %(worker_id)s, attempts FROM moved
 )
 SELECT * FROM moved
 """,  # nosec B608
@@ -218,8 +219,10 @@ WITH items AS (
     WHERE t.id = cur.id AND {by_id_with_status("t", "executing")}
     RETURNING {TASK_COLUMNS}, cur.status_changed_at AS previous_changed_at
 ), events AS (
-    INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt)
-    SELECT id, queue_id, %(now)s, 'executing', 'done', %(worker_id)s, attempts FROM moved
+    INSERT INTO tasks_taskevent (task_id, queue_id, at, from_status, to_status, worker_id, attempt,
+                                 claimed_at)
+    SELECT id, queue_id, %(now)s, 'executing', 'done', %(worker_id)s, attempts, claimed_at
+    FROM moved
 )
 SELECT * FROM moved
 """,  # nosec B608

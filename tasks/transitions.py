@@ -471,6 +471,8 @@ def _move(
             worker_id=worker_id,
             attempt=task.attempts,
             error=error,
+            # An attempt's outcome records its claim too (tasks.events).
+            claimed_at=task.claimed_at if from_status == S.EXECUTING else None,
         )
         for task, from_status in zip(tasks, from_statuses, strict=True)
     )

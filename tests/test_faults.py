@@ -508,6 +508,19 @@ class Fleet:
 # -- the events table ------------------------------------------------------------------------
 
 
+def chains(queue: str) -> tuple[dict[str, Task], dict[str, list[TaskEvent]]]:
+    """Every task of `queue` and its whole event chain, by task id: its event
+    rows with the moves other rows record (tasks.events)."""
+    tasks = {str(t.id): t for t in Task.objects.filter(queue__name=queue)}
+    rows = TaskEvent.objects.filter(task__queue__name=queue).order_by("task_id", "id")
+    stored: dict[str, list[TaskEvent]] = defaultdict(list)
+    for row in rows:
+        stored[str(row.task_id)].append(row)
+    return tasks, {
+        task_id: events.events_of(task, stored[task_id]) for task_id, task in tasks.items()
+    }
+
+
 def check_histories(queue: str, ledger: Ledger | None = None) -> dict[str, list[tuple[Any, ...]]]:
     """Every task's events form a valid chain from null->pending to its status.
 
@@ -515,17 +528,10 @@ def check_histories(queue: str, ledger: Ledger | None = None) -> dict[str, list[
     ledger is given, the hand-outs and acks in the events are exactly the ones
     the workers received.  Returns the events per task.
     """
-    tasks = {str(t.id): t for t in Task.objects.filter(queue__name=queue)}
-    rows = TaskEvent.objects.filter(task__queue__name=queue).order_by("task_id", "id")
-    stored: dict[str, list[TaskEvent]] = defaultdict(list)
-    for row in rows:
-        stored[str(row.task_id)].append(row)
+    tasks, chain_of = chains(queue)
     histories: dict[str, list[tuple[Any, ...]]] = {
-        task_id: [  # with the moves the task row records (tasks.events)
-            (e.from_status, e.to_status, e.worker_id, e.attempt)
-            for e in events.with_unstored(tasks[task_id], stored[task_id])
-        ]
-        for task_id in tasks
+        task_id: [(e.from_status, e.to_status, e.worker_id, e.attempt) for e in chain]
+        for task_id, chain in chain_of.items()
     }
     problems = []
     executing: dict[tuple[str, int], str] = {}
@@ -1350,9 +1356,9 @@ def test_two_api_hosts__one_killed_mid_run_loses_no_task(
         # Rate limit 10/s across both hosts: over any T seconds at most 10*T + 10 hand-outs.
         times = sorted(
             event.at.timestamp()
-            for event in TaskEvent.objects.filter(
-                task__queue__name="limited", to_status="executing"
-            )
+            for chain in chains("limited")[1].values()
+            for event in chain
+            if event.to_status == "executing"
         )
         for window in (1.0, 2.0, 5.0):
             busiest = max(

@@ -266,14 +266,16 @@ def test_postgres_restart__mid_run_every_task_finishes_once(
             ).fetchall()
         )
         events = conn.execute(
-            "SELECT e.task_id::text, e.from_status, e.to_status, e.worker_id, e.attempt"
-            " FROM tasks_taskevent e ORDER BY e.task_id, e.id"
+            "SELECT e.task_id::text, e.from_status, e.to_status, e.worker_id, e.attempt,"
+            " e.claimed_at IS NOT NULL FROM tasks_taskevent e ORDER BY e.task_id, e.id"
         ).fetchall()
     assert sum(statuses.values()) == TOTAL, statuses  # none lost, none made twice
     assert set(statuses) <= {"done", "dead"}, statuses
     stored: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
-    for task_id, *event in events:
-        stored[task_id].append(tuple(event))
+    for task_id, frm, to, worker, attempt, records_claim in events:
+        if records_claim:  # an attempt's outcome records its hand-out (tasks.events)
+            stored[task_id].append(("claimed", "executing", worker, attempt))
+        stored[task_id].append((frm, to, worker, attempt))
     chains = {  # with the moves the task row records (tasks.events)
         task_id: [(*move, None, 0) for move in moves_of_row("done", rows[0][:2])] + rows
         for task_id, rows in stored.items()

@@ -156,6 +156,7 @@ class TaskEventAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
         "to_status",
         "worker_id",
         "attempt",
+        "claimed_at",
     )
     list_filter = (_EventQueueFilter, "to_status")
     list_select_related = ("task__queue",)
@@ -170,6 +171,7 @@ class TaskEventAdmin(ReadOnlyAdminMixin, LargeTableAdmin):
         "worker_id",
         "attempt",
         "error",
+        "claimed_at",
     )
     readonly_fields = ("task_link", "queue_name")
 

@@ -96,7 +96,8 @@ def test_event_changelist__a_queue_through_its_tasks(
         key=lambda e: (e.task.created_at, e.task_id, e.id),
         reverse=True,
     )
-    assert [e.pk for e in listed] == [e.pk for e in expected] and len(listed) > 4
+    assert [e.pk for e in listed] == [e.pk for e in expected]
+    assert len({e.task_id for e in listed}) > 1
     pages = [q["sql"] for q in queries.captured_queries if 'FROM "tasks_taskevent"' in q["sql"]]
     on_tasks = f'"tasks_task"."queue_id" = \'{queue.pk.hex}\'::uuid'
     assert pages and all(on_tasks in q for q in pages)

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from taskforge.lib import keyset
 
 _M = TypeVar("_M", bound=Model)
+_T = TypeVar("_T")
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
@@ -71,9 +72,26 @@ class KeysetPaginator:
         rows = list(queryset[: self.limit + 1])
         if head is not None:
             rows = head(rows, self.after)[: self.limit + 1]
+        return self.cut(rows, lambda row: keyset.values_of(row, self.ordering))
+
+    def ints_after(self) -> tuple[int, ...] | None:
+        """The cursor's values, for a list keyed on integers (None on the first page).
+
+        Raises:
+            ValidationError: a value is not an integer.
+        """
+        if self.after is None:
+            return None
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in self.after):
+            raise _bad_cursor()
+        return tuple(self.after)
+
+    def cut(self, rows: list[_T], key: Callable[[_T], Sequence[Any]]) -> list[_T]:
+        """The page of `rows`, the list's next `limit` + 1 (or fewer) items after
+        the cursor; `key` gives an item's values on the ordering, for the next cursor."""
         if len(rows) > self.limit:
             rows = rows[: self.limit]
-            self.next_cursor = keyset.cursor_of(rows[-1], self.ordering)
+            self.next_cursor = keyset.encode(key(rows[-1]))
         return rows
 
     def response(self, results: Any) -> Response:

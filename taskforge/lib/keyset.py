@@ -72,9 +72,14 @@ def decode(cursor: str, width: int) -> list[Any]:
     return values
 
 
+def values_of(row: Model, ordering: Sequence[str]) -> list[Any]:
+    """`row`'s values on `ordering` (e.g. `["-created_at", "-id"]`)."""
+    return [getattr(row, name.lstrip("-")) for name in ordering]
+
+
 def cursor_of(row: Model, ordering: Sequence[str]) -> str:
-    """The cursor that continues after `row` on `ordering` (e.g. `["-created_at", "-id"]`)."""
-    return encode([getattr(row, name.lstrip("-")) for name in ordering])
+    """The cursor that continues after `row` on `ordering`."""
+    return encode(values_of(row, ordering))
 
 
 def after(ordering: Sequence[str], values: Sequence[Any]) -> Q:

@@ -34,7 +34,7 @@ from tasks.api.serializers import (
     task_to_dict,
     to_spec,
 )
-from tasks.models import Task, TaskEvent
+from tasks.models import Task
 from tasks.stats import queue_stats
 
 LIST_PARAMS = [
@@ -201,15 +201,13 @@ class TaskEventsView(TaskLookupMixin, APIView):
     )
     def get(self, request: Request, name: str, task_id: str) -> Response:
         task = self.get_task(self.get_queue())
-        paginator = KeysetPaginator(request, ordering=["id"])
-        stored = TaskEvent.objects.filter(task=task)
-        page = paginator.paginate(
-            stored,
-            head=lambda first, after: events.with_unstored(
-                task, first, None if after is None else int(after[0])
-            ),
-        )
-        return paginator.response(TaskEventSerializer(page, many=True).data)
+        # Cursors on the events' keys (tasks.events): a row, and which of its
+        # events.  (A cursor given out before the keys had two values is refused.)
+        paginator = KeysetPaginator(request, ordering=["row", "half"])
+        after = paginator.ints_after()
+        page = events.page(task, None if after is None else (after[0], after[1]), paginator.limit)
+        rows = paginator.cut(page, lambda event: event.key)
+        return paginator.response(TaskEventSerializer(rows, many=True).data)
 
 
 class QueueStatsSerializer(serializers.Serializer[Any]):

@@ -13,8 +13,9 @@ from rest_framework.test import APIClient
 from queues import lookup
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
+from taskforge.lib import keyset
 from taskforge.lib.timeutil import isoformat, parse_time
-from tasks import events
+from tasks import events, transitions
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.tests.factories import TaskFactory
 
@@ -305,6 +306,16 @@ def test_events__pages_of_one_walk_the_chain_once(producer_client: APIClient, qu
     assert producer_client.get(first["next"]).json()["results"] == whole[1:2]
 
 
+def _walk(client: APIClient, url: str | None) -> list[dict[str, Any]]:
+    """Every item of a list, page by page from `url`."""
+    walked = []
+    while url is not None:
+        body = client.get(url).json()
+        walked += body["results"]
+        url = body["next"]
+    return walked
+
+
 def test_events__of_a_task_buffered_by_its_enqueue_page_through_its_row_and_rows(
     producer_client: APIClient,
     worker_client: APIClient,
@@ -329,13 +340,40 @@ def test_events__of_a_task_buffered_by_its_enqueue_page_through_its_row_and_rows
     ]
     assert whole[0]["at"] == whole[1]["at"]
     for limit in (1, 2, 3):
-        url: str | None = f"/queues/q/tasks/{task_id}/events?limit={limit}"
-        walked = []
-        while url is not None:
-            body = producer_client.get(url).json()
-            walked += body["results"]
-            url = body["next"]
-        assert walked == whole, limit
+        assert _walk(producer_client, f"/queues/q/tasks/{task_id}/events?limit={limit}") == whole
+
+
+def test_events__pages_walk_the_claims_outcome_rows_and_the_task_row_record(
+    producer_client: APIClient, queue
+) -> None:
+    """A second attempt running: the first attempt's claim is its outcome row's,
+    the running one's the task row's (tasks.events); pages of every size walk
+    the chain once, and a cursor of one value (before the claims were halves of
+    rows) is the documented 400."""
+    task = TaskFactory(queue=queue, status=S.RETRY, worker_id="w-1")
+    Task.objects.filter(pk=task.pk).update(scheduled_at=timezone.now())  # due now
+    transitions.promote([Task.objects.get(pk=task.pk)])
+    assert transitions.buffer_due(queue, limit=1)
+    transitions.hand_out([str(task.pk)], worker_id="w-2")
+    whole = producer_client.get(f"/queues/q/tasks/{task.pk}/events").json()["results"]
+    assert [(e["from_status"], e["to_status"], e["worker_id"]) for e in whole] == [
+        (None, "pending", None),
+        ("pending", "claimed", None),
+        ("claimed", "executing", "w-1"),
+        ("executing", "retry", "w-1"),
+        ("retry", "pending", None),
+        ("pending", "claimed", None),
+        ("claimed", "executing", "w-2"),
+    ]
+    for limit in range(1, 8):
+        assert _walk(producer_client, f"/queues/q/tasks/{task.pk}/events?limit={limit}") == whole
+    old_cursor = keyset.encode([1])
+    response = producer_client.get(f"/queues/q/tasks/{task.pk}/events?cursor={old_cursor}")
+    assert response.status_code == status.HTTP_400_BAD_REQUEST
+    assert response.json()["error"]["code"] == "invalid"
+    not_ints = keyset.encode(["a", 1])
+    response = producer_client.get(f"/queues/q/tasks/{task.pk}/events?cursor={not_ints}")
+    assert response.status_code == status.HTTP_400_BAD_REQUEST
 
 
 @pytest.mark.parametrize("state", [S.PENDING, S.CLAIMED, S.RETRY])

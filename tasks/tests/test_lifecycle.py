@@ -46,6 +46,8 @@ def test_statements__write_events_for_exactly_their_declared_edges(
     written = {(_literal(a), b) for a, b in pairs}
     if "INSERT INTO tasks_task " in statement.text:  # new rows record these (tasks.events)
         written |= set(lifecycle.ROW_RECORDED)
+    if "claimed_at = %(now)s" in statement.text:  # the task row records a hand-out
+        written.add(lifecycle.CLAIM)
     assert written == set(statement.edges)
     targets = set(re.findall(r"(?:status = |THEN |ELSE )'([a-z]+)'", statement.text))
     from_guards = set(re.findall(r"status(?: COLLATE \"C\")? = '([a-z]+)'", statement.text))

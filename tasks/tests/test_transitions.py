@@ -17,7 +17,7 @@ from dlq.models import DeadLetterTask
 from queues.tests.factories import QueueFactory
 from tasks import events, transitions
 from tasks.exceptions import InvalidTransition
-from tasks.lifecycle import is_allowed
+from tasks.lifecycle import CLAIM, is_allowed
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.tests.factories import TaskFactory
 
@@ -76,7 +76,8 @@ def test_move__every_pair_is_allowed_or_refused_as_the_table_says(
     from_status: str, to_status: str
 ) -> None:
     """An allowed pair moves through its verb with one event (carrying the queue when
-    it is an attempt's outcome, models.TaskEvent.queue); any verb that could reach
+    it is an attempt's outcome, models.TaskEvent.queue; a hand-out's is the task
+    row's, then its outcome's, tasks.events); any verb that could reach
     `to_status` refuses (InvalidTransition) or skips a task in another status."""
     task = TaskFactory(status=from_status)
     events_before = TaskEvent.objects.filter(task=task).count()
@@ -87,11 +88,18 @@ def test_move__every_pair_is_allowed_or_refused_as_the_table_says(
             MOVES[(from_status, to_status)](task)
         task.refresh_from_db()
         assert task.status == to_status
-        events = list(TaskEvent.objects.filter(task=task).order_by("id"))
-        assert len(events) == events_before + 1
-        assert (events[-1].from_status, events[-1].to_status) == (from_status, to_status)
+        rows = list(TaskEvent.objects.filter(task=task).order_by("id"))
+        chain = events.chain(task, 50)
+        assert (chain[-1].from_status, chain[-1].to_status) == (from_status, to_status)
+        if (from_status, to_status) == CLAIM:
+            assert len(rows) == events_before
+            assert (chain[-1].at, chain[-1].worker_id) == (task.claimed_at, task.claimed_by)
+            return
+        assert len(rows) == events_before + 1
+        assert (rows[-1].from_status, rows[-1].to_status) == (from_status, to_status)
         outcome = from_status == S.EXECUTING
-        assert events[-1].queue_id == (task.queue_id if outcome else None)
+        assert rows[-1].queue_id == (task.queue_id if outcome else None)
+        assert rows[-1].claimed_at == (task.claimed_at if outcome else None)
         return
     reaching = [
         name
@@ -200,6 +208,63 @@ def test_chain__a_creation_stored_by_an_earlier_version_is_shown_once() -> None:
     task.refresh_from_db()
     chain = [(e.from_status, e.to_status) for e in events.chain(task, 10)]
     assert chain == [(None, S.PENDING), (S.PENDING, S.CLAIMED)]
+
+
+@pytest.mark.django_db
+def test_chain__each_attempt_s_claim_from_the_task_row_then_from_its_outcome() -> None:
+    """Two attempts (a retry, then an ack): a row per outcome, none per hand-out;
+    while an attempt runs its claim is the task row's, then its outcome row's,
+    with the same time, worker and attempt."""
+    task = TaskFactory(status=S.EXECUTING, worker_id="w-1")
+    running = events.chain(task, 50)
+    assert not TaskEvent.objects.filter(task=task).exists()
+    with transaction.atomic():
+        transitions.fail(task, error="again", retry_after_seconds=0)
+    transitions.promote([Task.objects.get(pk=task.pk)])
+    assert transitions.buffer_due(task.queue, limit=1)
+    [handed] = transitions.hand_out([str(task.pk)], worker_id="w-2")
+    second = events.chain(handed, 50)
+    [acked] = transitions.ack([(str(task.pk), None, None)], worker_id="w-2")
+    finished = events.chain(acked, 50)
+    moves = [(e.from_status, e.to_status, e.worker_id, e.attempt) for e in finished]
+    assert moves == [
+        (None, S.PENDING, None, 0),
+        (S.PENDING, S.CLAIMED, None, 0),
+        (S.CLAIMED, S.EXECUTING, "w-1", 1),
+        (S.EXECUTING, S.RETRY, "w-1", 1),
+        (S.RETRY, S.PENDING, None, 1),
+        (S.PENDING, S.CLAIMED, None, 1),
+        (S.CLAIMED, S.EXECUTING, "w-2", 2),
+        (S.EXECUTING, S.DONE, "w-2", 2),
+    ]
+    same = [(e.from_status, e.to_status, e.worker_id, e.attempt, e.at) for e in finished]
+    assert same[:3] == [(e.from_status, e.to_status, e.worker_id, e.attempt, e.at) for e in running]
+    assert same[:7] == [(e.from_status, e.to_status, e.worker_id, e.attempt, e.at) for e in second]
+    assert [e.key for e in finished] == sorted(e.key for e in finished)
+    rows = TaskEvent.objects.filter(task=task)
+    assert sorted(r.to_status for r in rows) == sorted([S.RETRY, S.PENDING, S.CLAIMED, S.DONE])
+
+
+@pytest.mark.django_db
+def test_chain__a_claim_stored_by_an_earlier_version_is_shown_once() -> None:
+    task = TaskFactory(status=S.EXECUTING, worker_id="w-1")
+    TaskEvent.objects.create(
+        task=task,
+        at=task.claimed_at,
+        from_status=S.CLAIMED,
+        to_status=S.EXECUTING,
+        worker_id="w-1",
+        attempt=1,
+    )
+    assert [e.to_status for e in events.chain(task, 50)].count(S.EXECUTING) == 1
+    [acked] = transitions.ack([(str(task.pk), None, None)], worker_id="w-1")
+    chain = [(e.from_status, e.to_status) for e in events.chain(acked, 50)]
+    assert chain == [
+        (None, S.PENDING),
+        (S.PENDING, S.CLAIMED),
+        (S.CLAIMED, S.EXECUTING),
+        (S.EXECUTING, S.DONE),
+    ]
 
 
 @pytest.mark.django_db

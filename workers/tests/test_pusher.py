@@ -24,6 +24,7 @@ from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge import metrics
 from taskforge_client.push import verify_signature
+from tasks import events as task_events
 from tasks import services
 from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskEvent, TaskStatus
@@ -131,7 +132,7 @@ def test_delivers_the_payload_with_the_documented_headers_and_signature(target: 
     assert task.result == {"ok": True}
     assert task.attempts == 1
     assert task.claimed_by == loop.worker_id and loop.worker_id.startswith("push:")
-    events = list(TaskEvent.objects.filter(task_id=task_id).order_by("id"))
+    events = task_events.chain(task, 50)
     assert [(e.from_status, e.to_status) for e in events][-2:] == [
         ("claimed", "executing"),
         ("executing", "done"),
