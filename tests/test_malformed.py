@@ -586,9 +586,13 @@ CASES += [
         (
             EVENTS,
             {
-                "string id": cursor(["x"]),
-                "time id": cursor([_SOME_TIME]),
-                "float id": cursor([1.5]),
+                "one value (an earlier version's)": cursor([5]),
+                "string id": cursor(["x", 1]),
+                "time id": cursor([_SOME_TIME, 1]),
+                "float id": cursor([1.5, 1]),
+                "float half": cursor([1, 0.5]),
+                "bool half": cursor([1, True]),
+                "too long": cursor([1, 1, 1]),
             },
         ),
     ]

@@ -374,6 +374,11 @@ def test_events__pages_walk_the_claims_outcome_rows_and_the_task_row_record(
     not_ints = keyset.encode(["a", 1])
     response = producer_client.get(f"/queues/q/tasks/{task.pk}/events?cursor={not_ints}")
     assert response.status_code == status.HTTP_400_BAD_REQUEST
+    # Integers beyond any row id (bigint) are keys before or after every event.
+    for beyond, results in ((10**50, []), (-(10**50), whole)):
+        cursor = keyset.encode([beyond, 1])
+        body = producer_client.get(f"/queues/q/tasks/{task.pk}/events?cursor={cursor}").json()
+        assert body["results"] == results
 
 
 @pytest.mark.parametrize("state", [S.PENDING, S.CLAIMED, S.RETRY])
