@@ -961,8 +961,9 @@ def finish_cores(cores: dict[str, float], client_cpu_s: float, window: float) ->
 class CpuMeter:
     """CPU seconds per component over a window: the service, Postgres, Redis."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, db_name: str) -> None:
         self.service = service
+        self.db_name = db_name
 
     def snapshot(self) -> dict[str, float]:
         if psutil is None:
@@ -992,7 +993,7 @@ class CpuMeter:
                 cmd = " ".join(proc.info["cmdline"] or [])
                 if pname.startswith("postgres") or cmd.startswith("postgres:"):
                     words = cmd.split()
-                    if BENCH_DB in words:
+                    if self.db_name in words:
                         add("postgres", proc)  # our backends and autovacuum workers
                     elif not ("[local]" in cmd or "(" in cmd or "autovacuum worker" in cmd):
                         # The postmaster and background processes (WAL writer, ...) serve
@@ -1031,8 +1032,8 @@ def _pg_conninfo(url: str, database: str) -> tuple[str, str]:
     return libpq_url, django_url
 
 
-def fresh_database(url: str) -> tuple[str, str]:
-    """Drop and create BENCH_DB on DATABASE_URL's server; returns (libpq URL, Django URL)."""
+def fresh_database(url: str, name: str) -> tuple[str, str]:
+    """Drop and create database `name` on DATABASE_URL's server; returns (libpq URL, Django URL)."""
     import psycopg
 
     last: Exception | None = None
@@ -1040,21 +1041,21 @@ def fresh_database(url: str) -> tuple[str, str]:
         admin_url, _ = _pg_conninfo(url, maintenance)
         try:
             with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-                conn.execute(f"CREATE DATABASE {BENCH_DB}")
-            return _pg_conninfo(url, BENCH_DB)
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                conn.execute(f"CREATE DATABASE {name}")
+            return _pg_conninfo(url, name)
         except psycopg.OperationalError as exc:
             last = exc
-    raise BenchError(f"cannot create database {BENCH_DB}: {last}")
+    raise BenchError(f"cannot create database {name}: {last}")
 
 
-def drop_database(url: str) -> None:
+def drop_database(url: str, name: str) -> None:
     import psycopg
 
     admin_url, _ = _pg_conninfo(url, "postgres")
     with contextlib.suppress(Exception):
         with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def pg_settings(libpq_url: str) -> dict[str, str]:
@@ -1099,8 +1100,9 @@ def free_port() -> int:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, db_name: str = BENCH_DB) -> None:
         self.args = args
+        self.db_name = db_name
         self.ctx = mp.get_context("spawn")
         self.children: list[Any] = []
         self.service: Service | None = None
@@ -1124,8 +1126,8 @@ class Bench:
                 "servers when they are unset"
             )
         self.logdir = Path(tempfile.mkdtemp(prefix="taskforge-bench-"))
-        log(f"fresh database {BENCH_DB}; logs in {self.logdir}")
-        self.libpq_url, django_url = fresh_database(db_url)
+        log(f"fresh database {self.db_name}; logs in {self.logdir}")
+        self.libpq_url, django_url = fresh_database(db_url, self.db_name)
         self.db_url = db_url
         port = free_port()
         self.address = ("127.0.0.1", port)
@@ -1161,7 +1163,7 @@ class Bench:
         for loop in LOOPS:
             self.service.start(loop, [python, "manage.py", f"run_{loop}"])
         self._wait_ready()
-        self.cpu = CpuMeter(self.service)
+        self.cpu = CpuMeter(self.service, self.db_name)
         from taskforge.lib.redisconn import connect  # a server or a redis+cluster:// URL
 
         self.redis = connect(redis_url)
@@ -1218,7 +1220,7 @@ class Bench:
                 for queue_id in self._queue_ids:
                     self.redis.delete(f"tf:{{{queue_id}}}:ready", f"tf:{{{queue_id}}}:bucket")
         if self.db_url and not self.args.keep_db:
-            drop_database(self.db_url)
+            drop_database(self.db_url, self.db_name)
 
     # -- helpers --
 
@@ -2133,8 +2135,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=0,
         metavar="N",
-        help="measure, write N finished tasks with events (bench/retained.py), VACUUM "
-        "(ANALYZE), measure again: both, side by side",
+        help="write N finished tasks with events (bench/retained.py) into a second database, "
+        "VACUUM (ANALYZE), then measure it and the empty one in turn, each with a service",
     )
     p.add_argument("--keep-db", action="store_true", help=f"keep {BENCH_DB} afterwards")
     p.add_argument(
@@ -2200,19 +2202,20 @@ def retained_table(retained: dict[str, Any], results: dict[str, Any]) -> str:
         f"{fill['gib_total']} GiB; GiB per million tasks: "
         + ", ".join(f"{k} {v}" for k, v in sorted(fill["gib_per_million_tasks"].items()))
         + "):",
-        f"  {'figure':<16} {'empty':>12} {'retained':>12} {'ratio':>6}   Postgres ms/task",
+        "  measured in turn, each with a service of its own (E H H E ...); ratio: the median of",
+        "  each run's retained / empty (over 1 is faster for tasks/s, slower for latency)",
+        f"  {'figure':<16} {'empty':>12} {'retained':>12} {'ratio':>6} (min..max)"
+        "   Postgres ms/task",
     ]
-    empty = retained["empty"]
-    for name, stats in results.items():
-        before = empty.get(name) or {}
-        if "median" not in stats or not before.get("median"):
-            continue
-        ratio = stats["median"] / before["median"]
-        pg_before = (before.get("cpu_ms_per_task") or {}).get("postgres")
-        pg_after = (stats.get("cpu_ms_per_task") or {}).get("postgres")
+    empty, after = _figures(retained["empty"]), _figures(results)
+    for name, ratio in retained["ratios"].items():
+        phase = name.removesuffix("_p50").removesuffix("_p99")
+        pg_before = (retained["empty"][phase].get("cpu_ms_per_task") or {}).get("postgres")
+        pg_after = (results[phase].get("cpu_ms_per_task") or {}).get("postgres")
         lines.append(
-            f"  {name:<16} {before['median']:>12g} {stats['median']:>12g} {ratio:>6.2f}"
-            f"   {pg_before} -> {pg_after}"
+            f"  {name:<16} {empty[name]:>12g} {after[name]:>12g} {ratio['median']:>6.2f}"
+            f" ({ratio['min']:.2f}..{ratio['max']:.2f})"
+            + (f"   {pg_before} -> {pg_after}" if pg_before is not None else "")
         )
     lines.append(f"  {'read':<18} {'empty ms':>10} {'retained ms':>12} (median; max)")
     for name, after in retained["reads"].items():
@@ -2224,9 +2227,101 @@ def retained_table(retained: dict[str, Any], results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def stop_all(*benches: Bench | None) -> None:
+    for bench in benches:
+        if bench is not None:
+            bench.stop()
+
+
+def measure_retained(
+    bench: Bench, history: Bench, args: argparse.Namespace, into: dict[str, Any]
+) -> dict[str, Any]:
+    """`--retained N`: the phases against the empty database and against one holding N
+    finished tasks, each with a service of its own, in turn (E H H E E H ...: the
+    machine's drift over the minutes of a run falls on both alike); returns the
+    history side's results, and puts the empty side's, the ratios and the reads in `into`.
+    """
+    environment = history.start()
+    log(f"history service ready on {history.address[0]}:{history.address[1]}")
+    for side in (bench, history):
+        side.api("POST", "/queues", {"name": retained_history.HISTORY_QUEUE})
+    into["reads_empty"] = retained_history.time_reads(
+        lambda path: bench.api("GET", path), retained_history.HISTORY_QUEUE
+    )
+    history.fill_history(args.retained, into)
+    once = argparse.Namespace(**{**vars(args), "runs": 1})
+    empty_runs: list[dict[str, Any]] = []
+    history_runs: list[dict[str, Any]] = []
+    for run in range(args.runs):
+        order = [(bench, empty_runs), (history, history_runs)]
+        for side, runs in order if run % 2 == 0 else order[::-1]:
+            log(f"retained: run {run + 1}/{args.runs}, {side.db_name}")
+            runs.append(run_phases(side, once, False))
+    into["empty"] = merge_runs(empty_runs)
+    into["ratios"] = {}
+    for name in _figures(empty_runs[0]):
+        pairs = _pairs(name, empty_runs, history_runs)
+        if all(e for e, _ in pairs):
+            into["ratios"][name] = summary([h / e for e, h in pairs])
+    into["history_service"] = environment
+    into["reads"] = retained_history.time_reads(
+        lambda path: history.api("GET", path), retained_history.HISTORY_QUEUE
+    )
+    return merge_runs(history_runs)
+
+
+def _figures(results: dict[str, Any]) -> dict[str, float]:
+    """The one figure of each phase (its median), and the latency's p50 and p99."""
+    figures = {}
+    for name, result in results.items():
+        if isinstance(result.get("median"), float | int):
+            figures[name] = float(result["median"])
+        for quantile in ("p50", "p99"):
+            if isinstance(result.get(quantile), dict):
+                figures[f"{name}_{quantile}"] = float(result[quantile]["median"])
+    return figures
+
+
+def _pairs(
+    name: str, empty: list[dict[str, Any]], history: list[dict[str, Any]]
+) -> list[tuple[float, float]]:
+    """A figure's (empty, history) values, run by run."""
+    return [(_figures(e)[name], _figures(h)[name]) for e, h in zip(empty, history, strict=True)]
+
+
+def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Phase results of one run each (run_phases with --runs 1), as one result of all."""
+    merged: dict[str, Any] = {}
+    for name, first in runs[0].items():
+        per_run = [r for result in runs for r in result[name].get("runs", [])]
+        if len(per_run) == len(runs) and all("p50_ms" in r for r in per_run):  # latency
+            merged[name] = {
+                **first,
+                "p50": summary([r["p50_ms"] for r in per_run]),
+                "p99": summary([r["p99_ms"] for r in per_run]),
+                "cores": median_dict([r["cores"] for r in per_run]),
+                "runs": per_run,
+            }
+            continue
+        rates = [r["rate"] for r in per_run if "rate" in r]
+        if len(rates) != len(runs):
+            merged[name] = first  # no one figure per run: the first run's
+            continue
+        merged[name] = {
+            **first,
+            **summary(rates),
+            "cores": median_dict([r["cores"] for r in per_run]),
+            "cpu_ms_per_task": median_dict([r["cpu_ms_per_task"] for r in per_run]),
+            "failures": sum(r.get("failures", 0) for r in per_run),
+            "runs": per_run,
+        }
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
+    history: Bench | None = None
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     started = time.monotonic()
@@ -2246,30 +2341,22 @@ def main(argv: list[str] | None = None) -> int:
         profile = bool(args.profile)
         retained: dict[str, Any] = {}
         if args.retained:
-            bench.api("POST", "/queues", {"name": retained_history.HISTORY_QUEUE})
-            retained["reads_empty"] = retained_history.time_reads(
-                lambda path: bench.api("GET", path), retained_history.HISTORY_QUEUE
-            )
-        results = run_phases(bench, args, profile)
-        if args.retained:
-            retained["empty"] = results
-            bench.fill_history(args.retained, retained)
-            results = run_phases(bench, args, False)
-            retained["reads"] = retained_history.time_reads(
-                lambda path: bench.api("GET", path), retained_history.HISTORY_QUEUE
-            )
+            history = Bench(args, f"{bench.db_name}_history")
+            results = measure_retained(bench, history, args, retained)
+        else:
+            results = run_phases(bench, args, profile)
     except Interrupted as exc:
         log(f"interrupted ({exc}); stopping")
-        bench.stop()
+        stop_all(bench, history)
         return 130
     except BenchError as exc:
         log(f"error: {exc}")
-        bench.stop()
+        stop_all(bench, history)
         return 1
     except BaseException:
-        bench.stop()
+        stop_all(bench, history)
         raise
-    bench.stop()
+    stop_all(bench, history)
     report = {
         "bench": "taskforge",
         "version": 1,
