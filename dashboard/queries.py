@@ -5,7 +5,7 @@ range scan however deep it is and nothing ever counts the matching rows:
 
 - tasks, one queue: task_queue_created_idx (queue, -created_at, -id), or
   task_not_done_idx (queue, status, -created_at, -id; every status but done)
-  with a status other than done;
+  with a status other than done (with sorting off: pg.ORDERED_BY_INDEX);
 - tasks, one worker: task_claimed_by_idx (claimed_by, -created_at);
 - tasks, all queues: one `LIMIT n` branch per queue on the same indexes, glued
   with UNION ALL and cut to n again (Postgres cannot merge an index across the
@@ -28,7 +28,7 @@ from django.db.models import Model, Q, QuerySet
 
 from dlq.models import DeadLetterTask
 from queues.models import Queue
-from taskforge.lib import keyset
+from taskforge.lib import keyset, pg
 from tasks import dlqdepth
 from tasks.models import Task
 
@@ -139,7 +139,8 @@ def task_page(filters: TaskFilter, *, limit: int | None = None) -> Page:
             if filters.queue is not None
             else list(Queue.objects.order_by("name").values_list("id", flat=True))
         )
-        rows = _newest_first(tasks, queue_ids, order, limit + 1)
+        with pg.planned_without(pg.ORDERED_BY_INDEX if filters.status else ()):
+            rows = _newest_first(tasks, queue_ids, order, limit + 1)
     return _page(rows, limit, "created_at", "id")
 
 

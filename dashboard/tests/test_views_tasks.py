@@ -16,6 +16,7 @@ from queues.tests.factories import QueueFactory
 from tasks import transitions
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.tests.factories import TaskFactory
+from tasks.tests.test_plans import listed_sorting_off
 from workers import heartbeats
 
 pytestmark = pytest.mark.django_db
@@ -66,6 +67,15 @@ def test_tasks__filters(query: str, expected: list[str], staff_client: Client) -
 
     assert response.status_code == 200
     assert _listed(response) == [made[name].pk for name in expected_sorted]
+
+
+def test_tasks__a_status_is_listed_with_sorting_off(staff_client: Client) -> None:
+    """The walk of task_not_done_idx whatever the statistics (pg.ORDERED_BY_INDEX,
+    tasks/tests/test_plans.py), with a queue or over all of them."""
+    TaskFactory(queue=QueueFactory(name="a"))
+    assert listed_sorting_off(staff_client, f"{D}/tasks/?queue=a&status=pending")
+    assert listed_sorting_off(staff_client, f"{D}/tasks/?status=pending")
+    assert not listed_sorting_off(staff_client, f"{D}/tasks/?queue=a")
 
 
 def test_tasks__time_range_is_exclusive(staff_client: Client) -> None:

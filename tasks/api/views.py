@@ -21,6 +21,7 @@ from taskforge.api.pagination import KeysetPaginator
 from taskforge.api.permissions import PRODUCER
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
 from taskforge.audit.log import of_request
+from taskforge.lib import pg
 from tasks import events, services
 from tasks.api.serializers import (
     ENQUEUE,
@@ -97,7 +98,8 @@ class TaskListView(EnqueueView):
             if key in query.validated_data:
                 filters[lookup] = query.validated_data[key]
         paginator = KeysetPaginator(request, ordering=["-created_at", "-id"])
-        page = paginator.paginate(Task.objects.filter(**filters))
+        with pg.planned_without(pg.ORDERED_BY_INDEX if "status" in filters else ()):
+            page = paginator.paginate(Task.objects.filter(**filters))
         for task in page:
             task.queue = queue
         return paginator.response([task_to_dict(task) for task in page])

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from queues.tests.factories import QueueFactory
@@ -269,3 +270,37 @@ def test_prepared_statements__run_generic_plans_set_once_outside_a_transaction()
     assert _plan_cache_mode() == "auto"
     transitions.create([transitions.NewTask(queue, {"n": 2}, 5, now, 3)])
     assert _plan_cache_mode() == "force_generic_plan"
+
+
+def listed_sorting_off(client: Any, url: str) -> bool:
+    """Whether GET `url` ran its task list query with sorting off (pg.ORDERED_BY_INDEX)."""
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url).status_code == 200, url
+    statements = [q["sql"] for q in queries.captured_queries]
+    listed = next(
+        i for i, s in enumerate(statements) if 'FROM "tasks_task"' in s and "ORDER BY" in s
+    )
+    return "SET LOCAL enable_sort = off" in statements[:listed]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_list_by_status__walks_the_not_done_index_under_history_statistics(
+    history_statistics: Any, producer_client: Any
+) -> None:
+    """A page of a queue's tasks with a live status stops after the page on
+    task_not_done_idx, with 2000 pending tasks in another queue that the
+    statistics do not know of (allowed to sort, the planner read them all
+    through task_pending_sched_idx and sorted them); the API's list runs it so
+    (pg.ORDERED_BY_INDEX), the dashboard's too (dashboard/tests)."""
+    queue = history_statistics
+    other = QueueFactory()
+    now = timezone.now()
+    transitions.create([transitions.NewTask(other, {"n": n}, 5, now, 3) for n in range(2000)])
+    for status in ("pending", "claimed", "executing", "retry", "dead"):
+        page = Task.objects.filter(queue=queue, status=status).order_by("-created_at", "-id")
+        with pg.planned_without(pg.ORDERED_BY_INDEX):
+            text = page[:101].explain()
+        assert "task_not_done_idx" in text, (status, text)
+        assert "Sort" not in text, (status, text)
+    assert listed_sorting_off(producer_client, f"/queues/{queue.name}/tasks?status=pending")
+    assert not listed_sorting_off(producer_client, f"/queues/{queue.name}/tasks")
