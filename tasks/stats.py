@@ -11,6 +11,7 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from queues.models import Queue
+from taskforge.lib import pg
 from tasks import dlqdepth
 from tasks.lifecycle import IN_PROGRESS
 from tasks.models import Task, TaskEvent, TaskStatus
@@ -40,9 +41,8 @@ def queues_stats(
     now = now or timezone.now()
     ids = [queue.id for queue in queues]
     due = Q(scheduled_at__lte=now)
-    depths = {
-        row["queue_id"]: _without_queue_id(row)
-        for row in Task.objects.filter(queue_id__in=ids, status__in=IN_PROGRESS)
+    counted = (
+        Task.objects.filter(queue_id__in=ids, status__in=IN_PROGRESS)
         .values("queue_id")
         .annotate(
             pending=Count("status", filter=Q(status=S.PENDING) & due),
@@ -53,7 +53,9 @@ def queues_stats(
             oldest_due=Min("scheduled_at", filter=Q(status__in=[S.PENDING, S.CLAIMED]) & due),
         )
         .order_by()
-    }
+    )
+    with pg.planned_without(pg.NO_PARALLEL):
+        depths = {row["queue_id"]: _without_queue_id(row) for row in counted}
     for queue_id, count in dlqdepth.depths(ids).items():
         if count:
             depths.setdefault(queue_id, {})["dead"] = count

@@ -111,18 +111,20 @@ def _generic_plans(connection: Any) -> None:
 
 @contextmanager
 def planner_off(cursor: Any, methods: Sequence[str]) -> Iterator[None]:
-    """Turn these boolean planner settings (`enable_sort`, `jit`, ...) off inside the block.
+    """Turn these planner settings off inside the block: a boolean by its name
+    (`enable_sort`, `jit`, ...), another as `name=value` (NO_PARALLEL).
 
     SET LOCAL, so the caller must be inside a transaction; set back (RESET)
     after the block, so they do not outlive it in a longer transaction.
     """
-    for method in methods:
-        cursor.execute(f"SET LOCAL {method} = off")
+    settings = [method.partition("=")[::2] for method in methods]
+    for name, value in settings:
+        cursor.execute(f"SET LOCAL {name} = {value or 'off'}")
     try:
         yield
     finally:
-        for method in methods:
-            cursor.execute(f"RESET {method}")
+        for name, _ in settings:
+            cursor.execute(f"RESET {name}")
 
 
 # The task lists (API and dashboard) filtered by a live status: with sorting
@@ -134,7 +136,15 @@ def planner_off(cursor: Any, methods: Sequence[str]) -> Iterator[None]:
 # history they do): 220 ms for a page with 50,000 pending tasks in other
 # queues.  jit too: a plan that must sort (a list over all queues) carries the
 # penalty cost, which would otherwise buy it a JIT compilation.
-ORDERED_BY_INDEX = ("enable_sort", "jit")
+ORDERED_BY_INDEX = ("enable_sort", "jit", "max_parallel_workers_per_gather=0")
+
+# Reads whose plan is one index walk that stops early, where a wrong estimate
+# buys parallel workers: on a server with history, the statistics guess that
+# tens of thousands of a queue's tasks are live (the share of its history
+# times the share of live tasks), and the stats' count planned two parallel
+# workers to read an empty range: 13 ms of starting them on an idle 2-core
+# machine for a 0.1 ms scan, and 600 ms and more under load.
+NO_PARALLEL = ("max_parallel_workers_per_gather=0",)
 
 
 @contextmanager

@@ -20,12 +20,14 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from queues.tests.factories import QueueFactory
 from taskforge.lib import pg
-from tasks import sql, transitions
+from tasks import sql, stats, transitions
+from tasks.lifecycle import IN_PROGRESS
 from tasks.models import Task
 from workers import sql as worker_sql
 from workers.models import HELD_TASKS, Worker, current_tasks, held_tasks
@@ -304,3 +306,40 @@ def test_task_list_by_status__walks_the_not_done_index_under_history_statistics(
         assert "Sort" not in text, (status, text)
     assert listed_sorting_off(producer_client, f"/queues/{queue.name}/tasks?status=pending")
     assert not listed_sorting_off(producer_client, f"/queues/{queue.name}/tasks")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stats_count__never_plans_parallel_workers(history_statistics: Any) -> None:
+    """The stats' count of a queue's live tasks is one index walk; with parallel
+    plans made cheap (as a wrong estimate of the live share makes them look on
+    a server with history), it runs without workers all the same
+    (pg.NO_PARALLEL), while the same count planned freely would start them."""
+    queue = history_statistics
+    now = timezone.now()
+    transitions.create([transitions.NewTask(queue, {"n": n}, 5, now, 3) for n in range(2000)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")  # thousands of live tasks: worth workers?
+    counted = Task.objects.filter(queue_id__in=[queue.id], status__in=IN_PROGRESS).values(
+        "queue_id"
+    )
+    cheap = {
+        "parallel_setup_cost": "0",
+        "parallel_tuple_cost": "0",
+        "min_parallel_index_scan_size": "0",
+        "min_parallel_table_scan_size": "0",
+    }
+    with connection.cursor() as cursor:
+        for name, value in cheap.items():
+            cursor.execute(f"SET {name} = {value}")
+        try:
+            assert "Gather" in counted.annotate(n=Count("id")).explain()
+            with CaptureQueriesContext(connection) as queries:
+                stats.queue_stats(queue)
+            with pg.planned_without(pg.NO_PARALLEL):
+                assert "Gather" not in counted.annotate(n=Count("id")).explain()
+        finally:
+            for name in cheap:
+                cursor.execute(f"RESET {name}")
+    statements = [q["sql"] for q in queries.captured_queries]
+    counting = next(i for i, s in enumerate(statements) if 'COUNT("tasks_task"' in s)
+    assert "SET LOCAL max_parallel_workers_per_gather = 0" in statements[:counting]
