@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from taskforge.lib import internals
 
@@ -151,8 +151,6 @@ NO_PARALLEL = ("max_parallel_workers_per_gather=0",)
 def planned_without(methods: Sequence[str], using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
     """Run the block's queries with these planner settings off (`planner_off`),
     in a transaction (or savepoint) of its own."""
-    from django.db import transaction
-
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         with planner_off(cursor, methods):
             yield
