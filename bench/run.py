@@ -2299,7 +2299,7 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 **first,
                 "p50": summary([r["p50_ms"] for r in per_run]),
                 "p99": summary([r["p99_ms"] for r in per_run]),
-                "cores": median_dict([r["cores"] for r in per_run]),
+                "cores": _median_of(per_run, "cores"),
                 "runs": per_run,
             }
             continue
@@ -2310,12 +2310,19 @@ def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         merged[name] = {
             **first,
             **summary(rates),
-            "cores": median_dict([r["cores"] for r in per_run]),
-            "cpu_ms_per_task": median_dict([r["cpu_ms_per_task"] for r in per_run]),
+            "cores": _median_of(per_run, "cores"),
+            "cpu_ms_per_task": _median_of(per_run, "cpu_ms_per_task"),
             "failures": sum(r.get("failures", 0) for r in per_run),
             "runs": per_run,
         }
     return merged
+
+
+def _median_of(per_run: list[dict[str, Any]], key: str) -> dict[str, float]:
+    """The median of each component of `key` over the runs that report it (not every
+    phase measures the service's CPU: the Celery peer's is its own)."""
+    reported = [r[key] for r in per_run if key in r]
+    return median_dict(reported) if reported else {}
 
 
 def main(argv: list[str] | None = None) -> int:
