@@ -143,7 +143,7 @@ def events_of(
     return unstored + events
 
 
-def page(task: Task, after: Key | None, limit: int) -> list[TaskEvent]:
+def page(task: Task, after: tuple[int, ...] | None, limit: int) -> list[TaskEvent]:
     """Up to `limit` + 1 events of `task`'s chain after the key `after` (None:
     from the start), oldest first (taskevent_by_task_idx)."""
     rows = TaskEvent.objects.filter(task_id=task.pk)

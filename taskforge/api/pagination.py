@@ -52,15 +52,8 @@ class KeysetPaginator:
             raise _bad_cursor() from exc
         self.next_cursor: str | None = None
 
-    def paginate(
-        self,
-        queryset: QuerySet[_M],
-        head: Callable[[list[_M], list[Any] | None], list[_M]] | None = None,
-    ) -> list[_M]:
-        """The page's rows.  For a list with rows that are not stored, before the
-        stored ones on the ordering: `head`, given the page's stored rows and the
-        cursor's values (None on the first page), returns them with the unstored
-        rows of the page before them."""
+    def paginate(self, queryset: QuerySet[_M]) -> list[_M]:
+        """The page's rows."""
         queryset = queryset.order_by(*self.ordering)
         if self.after is not None:
             try:
@@ -70,8 +63,6 @@ class KeysetPaginator:
                 # raises one of these, depending on the field.
                 raise _bad_cursor() from exc
         rows = list(queryset[: self.limit + 1])
-        if head is not None:
-            rows = head(rows, self.after)[: self.limit + 1]
         return self.cut(rows, lambda row: keyset.values_of(row, self.ordering))
 
     def ints_after(self) -> tuple[int, ...] | None:

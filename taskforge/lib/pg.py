@@ -135,7 +135,8 @@ def planner_off(cursor: Any, methods: Sequence[str]) -> Iterator[None]:
 # them, as soon as the statistics say the status is rare (on a server with
 # history they do): 220 ms for a page with 50,000 pending tasks in other
 # queues.  jit too: a plan that must sort (a list over all queues) carries the
-# penalty cost, which would otherwise buy it a JIT compilation.
+# penalty cost, which would otherwise buy it a JIT compilation.  And no
+# parallel workers (NO_PARALLEL, below).
 ORDERED_BY_INDEX = ("enable_sort", "jit", "max_parallel_workers_per_gather=0")
 
 # Reads whose plan is one index walk that stops early, where a wrong estimate
@@ -150,7 +151,10 @@ NO_PARALLEL = ("max_parallel_workers_per_gather=0",)
 @contextmanager
 def planned_without(methods: Sequence[str], using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
     """Run the block's queries with these planner settings off (`planner_off`),
-    in a transaction (or savepoint) of its own."""
+    in a transaction (or savepoint) of its own; with none, as they are."""
+    if not methods:
+        yield
+        return
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         with planner_off(cursor, methods):
             yield

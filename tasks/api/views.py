@@ -206,8 +206,7 @@ class TaskEventsView(TaskLookupMixin, APIView):
         # Cursors on the events' keys (tasks.events): a row, and which of its
         # events.  (A cursor given out before the keys had two values is refused.)
         paginator = KeysetPaginator(request, ordering=["row", "half"])
-        after = paginator.ints_after()
-        page = events.page(task, None if after is None else (after[0], after[1]), paginator.limit)
+        page = events.page(task, paginator.ints_after(), paginator.limit)
         rows = paginator.cut(page, lambda event: event.key)
         return paginator.response(TaskEventSerializer(rows, many=True).data)
 
