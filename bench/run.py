@@ -1841,7 +1841,8 @@ class Bench:
                 [ids],
             ).fetchall()
             tasks = conn.execute(
-                "SELECT id::text, status, extract(epoch FROM created_at)::float8"
+                "SELECT id::text, status, extract(epoch FROM created_at)::float8,"
+                " extract(epoch FROM claimed_at)::float8"
                 " FROM tasks_task WHERE id = ANY(%s::uuid[])",
                 [ids],
             ).fetchall()
@@ -1849,10 +1850,16 @@ class Bench:
         for task_id, from_status, to_status, epoch in events:
             first.setdefault(task_id, (from_status, to_status))
             at[(task_id, from_status, to_status)] = epoch
-        for task_id, status, created in tasks:
+        for task_id, status, created, claimed in tasks:
             # The moves the task row records instead of event rows, at its creation.
             for from_status, to_status in moves_of_row(status, first.get(task_id)):
                 at[(task_id, from_status, to_status)] = created
+            # A hand-out has no event row of its own: the row's claimed_at is its time
+            # (each task here is handed out once, and never acked).  A task handed out
+            # with no buffering event of its own was buffered by its enqueue.
+            if claimed is not None:
+                at.setdefault((task_id, "claimed", "executing"), claimed)
+                at.setdefault((task_id, "pending", "claimed"), created)
         segments: dict[str, list[float]] = {name: [] for name in LATENCY_SEGMENTS}
         for task_id, sent, received in timelines:
             found = [
