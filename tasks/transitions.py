@@ -112,8 +112,9 @@ def create(
             queue is gone.
     """
     now = now or timezone.now()
+    build = internals.builder(Task, _ATTNAMES)
     stored = [
-        _stored(item, S.CLAIMED if buffer and item.scheduled_at <= now else S.PENDING, now)
+        _stored(build, item, S.CLAIMED if buffer and item.scheduled_at <= now else S.PENDING, now)
         for item in new
     ]
     by_queue: dict[Any, list[Task]] = {}
@@ -161,8 +162,9 @@ _ATTNAMES = [field.attname for field in Task._meta.concrete_fields]
 _AT = {name: index for index, name in enumerate(_ATTNAMES)}
 
 
-def _stored(item: NewTask, status: str, now: datetime) -> Task:
-    """The row the CREATE statement writes for `item`, as a query would load it."""
+def _stored(build: Callable[[list[Any]], Task], item: NewTask, status: str, now: datetime) -> Task:
+    """The row the CREATE statement writes for `item`, as a query would load it
+    (`build`: internals.builder of _ATTNAMES)."""
     values: list[Any] = [None] * len(_ATTNAMES)
     values[_AT["id"]] = uuid7()
     values[_AT["queue_id"]] = item.queue.pk
@@ -175,7 +177,7 @@ def _stored(item: NewTask, status: str, now: datetime) -> Task:
     values[_AT["idempotency_key"]] = item.idempotency_key
     values[_AT["created_at"]] = values[_AT["updated_at"]] = now
     values[_AT["status_changed_at"]] = now
-    task = Task.from_db(DEFAULT_DB_ALIAS, _ATTNAMES, values)
+    task = build(values)
     task.queue = item.queue
     return task
 

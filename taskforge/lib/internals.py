@@ -199,11 +199,7 @@ def instances_from_rows(
     """
     attnames, positions, converters, extras = _row_layout(model, tuple(names), using)
     connection = connections[using]
-    listened = pre_init.has_listeners(model) or post_init.has_listeners(model)
-    if _plain_fields(model) and not listened:
-        build = _builder(model, attnames, using)
-    else:
-        build = functools.partial(model.from_db, using, attnames)
+    build = builder(model, attnames, using)
     instances = []
     for row in rows:
         row_values = [row[i] for i in positions]
@@ -214,6 +210,17 @@ def instances_from_rows(
             setattr(instance, name, row[i])
         instances.append(instance)
     return instances
+
+
+def builder(
+    model: type[M], attnames: list[str], using: str = DEFAULT_DB_ALIAS
+) -> Callable[[list[Any]], M]:
+    """A function of a row's values (in `attnames` order, as the database gives
+    them: converted) to what `model.from_db(using, attnames, values)` builds."""
+    listened = pre_init.has_listeners(model) or post_init.has_listeners(model)
+    if _plain_fields(model) and not listened:
+        return _builder(model, attnames, using)
+    return functools.partial(model.from_db, using, attnames)
 
 
 def _builder(model: type[M], attnames: list[str], using: str) -> Callable[[list[Any]], M]:
