@@ -57,22 +57,24 @@ logger = logging.getLogger("taskforge.metrics")
 
 # The underscore separates parts of prometheus_client's file names; keep it out.
 _HOST = re.sub(r"[^A-Za-z0-9.-]+", "-", socket.gethostname()) or "host"
-_named: tuple[int, str] = (0, "")
+_named = f"{_HOST}-{os.getpid()}"
+
+
+def _forked() -> None:
+    global _named
+    _named = f"{_HOST}-{os.getpid()}"
+
+
+# prometheus_client asks on every write (about 25 a request), to notice a fork;
+# the name changes only in a forked child, so none of those asks a syscall.
+os.register_at_fork(after_in_child=_forked)
 
 
 def process_identifier(pid: int | None = None) -> str:
-    """This process's (or `pid`'s) name in the multiprocess directory.
-
-    prometheus_client calls this on every write to notice a fork; the name is
-    built once per pid.
-    """
-    global _named
+    """This process's (or `pid`'s) name in the multiprocess directory."""
     if pid is not None:
         return f"{_HOST}-{pid}"
-    current = os.getpid()
-    if _named[0] != current:
-        _named = (current, f"{_HOST}-{current}")
-    return _named[1]
+    return _named
 
 
 def default_directory() -> str:
