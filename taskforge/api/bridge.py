@@ -82,6 +82,12 @@ class _Protocol(Protocol):
     def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _Transport: ...
 
 
+# Header names (as granian gives them, lower case) -> their WSGI environ keys; ""
+# for one the environ leaves out.  Names first seen are added, up to a bound.
+_ENVIRON_KEYS: dict[str, str] = {"content-length": "", "content-type": "CONTENT_TYPE"}
+_ENVIRON_KEYS_MAX = 512
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -226,11 +232,12 @@ class DjangoBridge:
         if scope.proto != "http":  # websockets: not part of the API
             return
         loop = self.loop or asyncio.get_running_loop()
-        refused = self._refuse_declared(scope)
+        length: str | None = scope.headers.get("content-length")
+        refused = self._refuse_declared(length)
         if refused is not None:
             protocol.response_bytes(*refused)
             return
-        if self._bodiless(scope):
+        if self._bodiless(scope, length):
             body = b""
         else:
             task = asyncio.current_task()
@@ -240,7 +247,7 @@ class DjangoBridge:
                 self._sweeping = True
                 loop.call_later(self._sweep_every, self._sweep, loop)
             try:
-                body = await self._read(scope, protocol)
+                body = await self._read(length, protocol)
             except BodyTooLarge:
                 protocol.response_bytes(*self._too_large())
                 return
@@ -287,8 +294,8 @@ class DjangoBridge:
 
     # The event loop's side ----------------------------------------------------
 
-    def _refuse_declared(self, scope: _Scope) -> Answer | None:
-        length = scope.headers.get("content-length")
+    def _refuse_declared(self, length: str | None) -> Answer | None:
+        """The answer refusing a request by its Content-Length, if it must be."""
         if length is None:
             return None
         if not length.isdigit():
@@ -303,17 +310,15 @@ class DjangoBridge:
         )
 
     @staticmethod
-    def _bodiless(scope: _Scope) -> bool:
-        headers = scope.headers
-        length: str | None = headers.get("content-length")
+    def _bodiless(scope: _Scope, length: str | None) -> bool:
         if length is not None:
             return length == "0"
         # HTTP/1: no length, not chunked, no body
-        chunked: object = headers.get("transfer-encoding")
+        chunked: object = scope.headers.get("transfer-encoding")
         return chunked is None and scope.http_version.startswith("1")
 
-    async def _read(self, scope: _Scope, protocol: _Protocol) -> bytes:
-        if scope.headers.get("content-length") is not None:  # checked against the limit already
+    async def _read(self, length: str | None, protocol: _Protocol) -> bytes:
+        if length is not None:  # checked against the limit already
             return await protocol()
         chunks: list[bytes] = []
         size = 0
@@ -353,13 +358,14 @@ class DjangoBridge:
             "wsgi.run_once": False,
         }
         for name, value in scope.headers.items():
-            if name == "content-length":
+            key = _ENVIRON_KEYS.get(name)
+            if key is None:
+                key = "HTTP_" + name.upper().replace("-", "_")
+                if len(_ENVIRON_KEYS) < _ENVIRON_KEYS_MAX:
+                    _ENVIRON_KEYS[name] = key
+            if not key:
                 continue
-            if name == "content-type":
-                environ["CONTENT_TYPE"] = value
-                continue
-            key = "HTTP_" + name.upper().replace("-", "_")
-            if key in environ:
+            if key in environ and key != "CONTENT_TYPE":
                 environ[key] += "," + value
             else:
                 environ[key] = value
