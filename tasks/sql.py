@@ -164,11 +164,21 @@ ORDER BY priority, scheduled_at, id
 # worker_id, key_id (the claiming API key's pk, or NULL), now, lease_from
 # (the lease runs the heartbeat timeout from then: `now` for a claim, later
 # for a push process, which does not heartbeat).
+#
+# Its transaction commits without waiting for its WAL to reach the disk
+# (synchronous_commit off for it alone, read at commit): a hand-out lost in a
+# Postgres crash leaves the task `claimed`, and it is handed out again (the
+# buffer's reconcile), as when a worker dies: at-least-once holds, and the
+# worker's ack of the lost attempt answers 409 lease_lost.  The claim answers
+# a flush sooner.  Every other move waits for its flush; the worker's next
+# call (heartbeat, ack) flushes the hand-out with its own.
 HAND_OUT = Statement(
     "hand_out",
     frozenset({("claimed", "executing")}),
     f"""
-WITH cur AS (
+WITH no_flush_wait AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), cur AS (
     SELECT id, status_changed_at FROM tasks_task
     WHERE id = ANY(%(ids)s::uuid[]) AND {by_id_with_status("tasks_task", "claimed")}
       -- A queue paused after the claim read it hands out nothing.
@@ -187,7 +197,7 @@ WITH cur AS (
     WHERE t.id = cur.id AND {by_id_with_status("t", "claimed")}
     RETURNING {TASK_COLUMNS}, cur.status_changed_at AS previous_changed_at
 )
-SELECT * FROM moved
+SELECT moved.* FROM moved, no_flush_wait
 """,  # nosec B608
 )
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from dlq.models import DeadLetterTask
@@ -273,6 +273,32 @@ def test_hand_out__counts_the_attempt_and_starts_the_lease() -> None:
     assert task.attempts == 1
     assert task.claimed_by == "w-9"
     assert task.heartbeat_at == task.claimed_at is not None
+
+
+def _synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        value: str = cursor.fetchone()[0]
+    return value
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hand_out__commits_without_waiting_for_the_flush_and_only_itself() -> None:
+    """A hand-out's transaction turns synchronous_commit off for itself alone
+    (tasks.sql.HAND_OUT): the setting must not outlive it on the connection,
+    which the next request's enqueue or ack will use."""
+    first, second = TaskFactory(status=S.CLAIMED), TaskFactory(status=S.CLAIMED)
+    assert _synchronous_commit() == "on"
+    with transaction.atomic():
+        assert _synchronous_commit() == "on"
+        [handed] = transitions.hand_out([str(first.pk)], worker_id="w")
+        assert _synchronous_commit() == "off"
+    assert _synchronous_commit() == "on"
+    # In autocommit the statement is its own transaction.
+    transitions.hand_out([str(second.pk)], worker_id="w")
+    assert _synchronous_commit() == "on"
+    assert handed.status == S.EXECUTING
+    assert Task.objects.get(pk=second.pk).status == S.EXECUTING
 
 
 @pytest.mark.django_db
