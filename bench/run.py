@@ -309,6 +309,8 @@ def load_workers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     in_window = [0.0]
     failures = [0]
     empty_claims = [0]
+    # Claims that got tasks, and the tasks they got (in the window, pro rata).
+    claims = [0.0, 0.0]
     clients = [Client(address, key) for _ in range(cfg["threads"])]
     for client in clients:
         client.conn.connect()
@@ -352,6 +354,8 @@ def load_workers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
                 shared.acked.value += ok
                 failures[0] += len(tasks) - ok
                 in_window[0] += _share(ok, sent, done, t_start, t_end)
+                claims[0] += _share(1, sent, done, t_start, t_end)
+                claims[1] += _share(len(tasks), sent, done, t_start, t_end)
 
     threads = _threads(cfg["threads"], run)
     cpu = _cpu_in_window(t_start, t_end)
@@ -362,6 +366,7 @@ def load_workers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
             "acked_in_window": in_window[0],
             "failures": failures[0],
             "empty_claims": empty_claims[0],
+            "tasks_per_claim": claims[1] / claims[0] if claims[0] else float("nan"),
             "client_cpu_s": cpu,
         }
     )
@@ -1428,6 +1433,7 @@ class Bench:
                 "enqueue_rate": p["enqueued_in_window"] / window,
                 "failures": p["failures"] + w["failures"],
                 "empty_claims": w["empty_claims"],
+                "tasks_per_claim": round(w["tasks_per_claim"], 1),
                 "throttled_waits": p["throttled_waits"],
                 "left_unacked": shared.enqueued.value - shared.acked.value,
                 "cores": finish_cores(cores, p["client_cpu_s"] + w["client_cpu_s"], window),
@@ -1439,7 +1445,10 @@ class Bench:
                 log(f"{label} (profiled run, not scored): {result['rate']:.0f} tasks/s")
                 continue
             per_run.append(result)
-            log(f"{label} run {run + 1}/{runs}: {result['rate']:.0f} tasks/s")
+            log(
+                f"{label} run {run + 1}/{runs}: {result['rate']:.0f} tasks/s "
+                f"({result['tasks_per_claim']:.1f} tasks a claim)"
+            )
         return {
             "unit": "tasks/s",
             "producers": producers,
