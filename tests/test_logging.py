@@ -265,6 +265,26 @@ def test_json_formatter__writes_what_the_stdlib_encoder_writes() -> None:
     assert text == json.dumps(expected, default=str, ensure_ascii=False)
 
 
+def test_json_formatter__a_batch_record_writes_each_line_as_its_own_record_would() -> None:
+    """A record of several transitions (JSON_LINES): each line is the text a record of
+    that entry alone writes, whatever the entry holds (nothing, or a key of the record's)."""
+    from taskforge.lib.logging import JSON_LINES
+
+    entries: list[dict[str, object]] = [
+        {"task_id": "01a2342d-b443-7308-ad96-48ee20da1572", "attempt": 2, "worker": 'a", "b'},
+        {},
+        {"event": "task.renamed", "text": "é \u2028"},
+    ]
+    common = {"msg": "task.acked", "created": 0.0, "name": "t", "levelname": "INFO", "pid": 7}
+    text = JsonFormatter().format(logging.makeLogRecord({**common, JSON_LINES: entries}))
+    alone = [JsonFormatter().format(logging.makeLogRecord({**common, **e})) for e in entries]
+    assert text.split("\n") == alone
+    assert alone[1] == (
+        '{"ts": "1970-01-01T00:00:00.000000Z", "level": "info", "logger": "t", '
+        '"event": "task.acked", "pid": 7}'
+    )
+
+
 def test_gunicorn_lines__format_under_our_logging_settings(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -70,9 +70,23 @@ class JsonFormatter(logging.Formatter):
             line["exc"] = self.formatException(record.exc_info)
         batch: list[dict[str, Any]] | None = record.__dict__.get(JSON_LINES)
         if batch is not None:
-            # One line per entry, each as a record of its own would read.
-            return "\n".join([_encode(line | entry) for entry in batch])
+            # One line per entry, each as a record of its own would read: the
+            # record's own fields, encoded once, then the entry's.
+            head = _encode(line)[:-1]  # without its closing brace
+            return "\n".join(
+                [
+                    _spliced(head, _encode(entry))
+                    if line.keys().isdisjoint(entry)
+                    else _encode(line | entry)
+                    for entry in batch
+                ]
+            )
         return _encode(line)
+
+
+def _spliced(head: str, entry: str) -> str:
+    """`{"ts": ..., "event": ...` and `{"task_id": ...}` as one object."""
+    return head + "}" if entry == "{}" else head + ", " + entry[1:]
 
 
 def lean_records() -> None:
