@@ -288,15 +288,21 @@ def test_hand_out__commits_without_waiting_for_the_flush_and_only_itself() -> No
     (tasks.sql.HAND_OUT): the setting must not outlive it on the connection,
     which the next request's enqueue or ack will use."""
     first, second = TaskFactory(status=S.CLAIMED), TaskFactory(status=S.CLAIMED)
-    assert _synchronous_commit() == "on"
-    with transaction.atomic():
+    # As a production server has it (make test's own server turns it off for speed).
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit = on")
+    try:
+        with transaction.atomic():
+            assert _synchronous_commit() == "on"
+            [handed] = transitions.hand_out([str(first.pk)], worker_id="w")
+            assert _synchronous_commit() == "off"
         assert _synchronous_commit() == "on"
-        [handed] = transitions.hand_out([str(first.pk)], worker_id="w")
-        assert _synchronous_commit() == "off"
-    assert _synchronous_commit() == "on"
-    # In autocommit the statement is its own transaction.
-    transitions.hand_out([str(second.pk)], worker_id="w")
-    assert _synchronous_commit() == "on"
+        # In autocommit the statement is its own transaction.
+        transitions.hand_out([str(second.pk)], worker_id="w")
+        assert _synchronous_commit() == "on"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET synchronous_commit")
     assert handed.status == S.EXECUTING
     assert Task.objects.get(pk=second.pk).status == S.EXECUTING
 
