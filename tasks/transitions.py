@@ -157,6 +157,9 @@ def _earliest_later(tasks: Sequence[Task], now: datetime) -> str | None:
     return f"{min(later).timestamp():.6f}" if later else None
 
 
+# Task.queue, which the tasks built here get through internals.cache_related.
+_QUEUE = Task._meta.get_field("queue")
+
 # Task's fields in from_db order, and where create() puts each value.
 _ATTNAMES = [field.attname for field in Task._meta.concrete_fields]
 _AT = {name: index for index, name in enumerate(_ATTNAMES)}
@@ -178,7 +181,7 @@ def _stored(build: Callable[[list[Any]], Task], item: NewTask, status: str, now:
     values[_AT["created_at"]] = values[_AT["updated_at"]] = now
     values[_AT["status_changed_at"]] = now
     task = build(values)
-    task.queue = item.queue
+    internals.cache_related(_QUEUE, task, item.queue)
     return task
 
 
@@ -503,7 +506,7 @@ def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) ->
     if missing:
         known.update(lookup.by_ids(missing))
     for task in tasks:
-        task.queue = known[task.queue_id]
+        internals.cache_related(_QUEUE, task, known[task.queue_id])
     return tasks
 
 

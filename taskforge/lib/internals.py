@@ -83,6 +83,17 @@ psycopg_pool: a reset set on a pool already made (reset_returned_connections)
     worker came to ~6 % of the API processes' Python time.
     Guard: a reset set so runs on the connections given back.
 
+Django: a foreign key's object set through its field's cache (cache_related)
+    What: `field.set_cached_value(instance, value)` (FieldCacheMixin,
+    undocumented) instead of `instance.<fk> = value`, for an instance that
+    already holds the value's id in its `<fk>_id`.
+    Why: speed.  The descriptor checks the value's class and the database
+    router and sets the id again: 1.43 against 0.19 us; transitions set the
+    queue of every task they build, three times over a task's life, 100 or
+    1000 a batch.
+    Guard: `instance.<fk>` then reads the object without a query, the id
+    unchanged.
+
 Dropped: `logging._srcfile = None` (records skip the caller lookup).  It
 saved 1 us a record (8.11 against 7.16 us, JSON formatter included; 10.1
 against 8.9 in a second run); a request writes two or three records, so
@@ -172,6 +183,14 @@ def prepared_cursor(connection: Any, *, prepare: bool = True) -> Any:
         if prepare and connection.connection.prepare_threshold is None:
             connection.connection.prepare_threshold = NEVER_AUTOMATICALLY
         return connection._prepare_cursor(raw)
+
+
+# --- Django: a foreign key's object set through its field's cache ----------------------
+
+
+def cache_related(field: Any, instance: Model, value: Model) -> None:
+    """`instance.<field> = value`, for an instance whose `<field>_id` is already value's id."""
+    field.set_cached_value(instance, value)
 
 
 # --- psycopg_pool: a reset for a pool already made ------------------------------------

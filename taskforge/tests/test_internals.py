@@ -206,3 +206,19 @@ def test_instances_from_rows_takes_from_db_while_init_signals_are_listened_to() 
     finally:
         post_init.disconnect(receiver, sender=Task)
     assert seen == built and len(built) == 1
+
+
+# --- Django: a foreign key's object through its field's cache ------------------------------
+
+
+@pytest.mark.django_db
+def test_cache_related_sets_what_the_descriptor_reads(
+    django_assert_num_queries: Any,
+) -> None:
+    task = TaskFactory()
+    bare = Task.objects.only("id", "queue_id").get(pk=task.pk)
+    queue = Queue.objects.get(pk=task.queue_id)
+    internals.cache_related(Task._meta.get_field("queue"), bare, queue)
+    with django_assert_num_queries(0):
+        assert bare.queue is queue, FIX
+    assert bare.queue_id == queue.pk, FIX
