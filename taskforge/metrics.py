@@ -239,13 +239,20 @@ def on_transitions(event: str, lines: Sequence[Mapping[str, Any]]) -> None:
             _inc_by_queue(_enqueued, lines)
         elif to_status == "done":
             _inc_by_queue(_done, lines)
-            for line in lines:
-                if line["duration_ms"] is not None:
-                    _duration[line["queue"]].observe(line["duration_ms"] / 1000)
+            _observe_durations(lines)
         elif to_status == "dead":
             _inc_by_queue(_dead, lines)
     except Exception:
         logger.exception("metrics.count_failed", extra={"transition": event})
+
+
+def _observe_durations(lines: Sequence[Mapping[str, Any]]) -> None:
+    by_queue: dict[str, list[float]] = collections.defaultdict(list)
+    for line in lines:
+        if line["duration_ms"] is not None:
+            by_queue[line["queue"]].append(line["duration_ms"] / 1000)
+    for queue, seconds in by_queue.items():
+        internals.observe_many(_duration[queue], seconds)
 
 
 def _inc_by_queue(children: _Children, lines: Sequence[Mapping[str, Any]]) -> None:

@@ -83,6 +83,19 @@ psycopg_pool: a reset set on a pool already made (reset_returned_connections)
     worker came to ~6 % of the API processes' Python time.
     Guard: a reset set so runs on the connections given back.
 
+prometheus_client: a histogram's observations in one write a bucket (observe_many)
+    What: what `observe(amount)` does for each of many amounts, from a child's
+    `_sum`, `_buckets` and `_upper_bounds` (private): the sum incremented by
+    the amounts' total, and each bucket (non-cumulative inside the child: an
+    amount counts in the first bucket whose bound it does not exceed) by its
+    count.
+    Why: speed.  An ack batch of 100 observed 100 claim-to-ack durations, two
+    value writes each (a lock, the fork check and an mmap write each time,
+    ~2.4 us an observation in multiprocess mode); now one write for the sum
+    and one per bucket hit.
+    Guard: the same bucket counts and sum as `observe()` one by one, in memory
+    and in multiprocess files.
+
 Django: a foreign key's object set through its field's cache (cache_related)
     What: `field.set_cached_value(instance, value)` (FieldCacheMixin,
     undocumented) instead of `instance.<fk> = value`, for an instance that
@@ -103,6 +116,7 @@ JSON lines do not print them.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
@@ -130,6 +144,24 @@ def count_in_files(process_identifier: Callable[[], str]) -> None:
 def count_in_memory() -> None:
     """Metric values live in this process's memory, whatever the environment says."""
     values.ValueClass = values.MutexValue
+
+
+def observe_many(child: Any, amounts: Sequence[float]) -> None:
+    """`child.observe(amount)` for each amount (a histogram's child, no exemplars)."""
+    if not amounts:
+        return
+    child._raise_if_not_observable()
+    bounds = child._upper_bounds
+    counts = [0] * len(bounds)
+    total = 0.0
+    for amount in amounts:
+        total += amount
+        if amount == amount:  # NaN is in no bucket, as observe() counts it
+            counts[bisect.bisect_left(bounds, amount)] += 1
+    child._sum.inc(total)
+    for index, count in enumerate(counts):
+        if count:
+            child._buckets[index].inc(count)
 
 
 # --- psycopg: timestamptz values loaded in C -----------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from django.db import DataError, connection
 from django.db.models import Model
 from django.db.models.signals import post_init
-from prometheus_client import Counter, multiprocess, values
+from prometheus_client import Counter, Histogram, multiprocess, values
 
 from queues.models import Queue
 from taskforge.lib import internals, pg
@@ -64,6 +64,51 @@ def test_prometheus_count_in_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     counter = Counter("internals_memory_probe", "Probe.", registry=None)
     counter.inc(2)
     assert counter._value.get() == 2.0, FIX
+
+
+def _histogram_state(child: Any) -> tuple[list[float], float]:
+    return [bucket.get() for bucket in child._buckets], child._sum.get()
+
+
+AMOUNTS = [0.004, 0.005, 0.0051, 0.3, 0.3, 7.5, 1e9, 0.0, -1.0, float("nan"), 2.5]
+
+
+@pytest.mark.parametrize("where", ["memory", "files"])
+def test_prometheus_observe_many_counts_as_observe_does(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(values, "ValueClass", values.ValueClass)
+    if where == "files":
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+        internals.count_in_files(lambda: f"probe-{where}")
+    else:
+        internals.count_in_memory()
+    value_class: Any = values.ValueClass
+    try:
+        buckets = (0.005, 0.01, 0.5, 5.0)
+        one_by_one = Histogram("internals_h1", "Probe.", ["q"], buckets=buckets, registry=None)
+        at_once = Histogram("internals_h2", "Probe.", ["q"], buckets=buckets, registry=None)
+        for amount in AMOUNTS:
+            one_by_one.labels(q="a").observe(amount)
+        internals.observe_many(at_once.labels(q="a"), AMOUNTS)
+        internals.observe_many(at_once.labels(q="a"), [])
+        expected_buckets, expected_sum = _histogram_state(one_by_one.labels(q="a"))
+        got_buckets, got_sum = _histogram_state(at_once.labels(q="a"))
+        assert got_buckets == expected_buckets, FIX
+        assert got_sum != got_sum and expected_sum != expected_sum, FIX  # NaN in both sums
+        finite = [a for a in AMOUNTS if a == a]
+        internals.observe_many(at_once.labels(q="b"), finite)
+        for amount in finite:
+            one_by_one.labels(q="b").observe(amount)
+        assert _histogram_state(at_once.labels(q="b"))[0] == _histogram_state(
+            one_by_one.labels(q="b")
+        )[0], FIX
+        assert _histogram_state(at_once.labels(q="b"))[1] == pytest.approx(
+            _histogram_state(one_by_one.labels(q="b"))[1]
+        ), FIX
+    finally:
+        if where == "files":
+            value_class.close_all_files()
 
 
 # --- psycopg ------------------------------------------------------------------------------
