@@ -201,16 +201,15 @@ SELECT moved.* FROM moved, no_flush_wait
 """,  # nosec B608
 )
 
+
 # -- ack --
 # executing -> done for the items of one worker, each guarded by holder and,
 # when given, attempt, and by the claiming key when key_id is given (a task
 # claimed with no key recorded accepts any).  Params: worker_id, key_id, now,
 # ids (uuid[]), attempts
 # (int[], NULL for "any"), results (jsonb[] as text[]; NULL for none).
-ACK = Statement(
-    "ack",
-    frozenset({("executing", "done")}),
-    f"""
+def _ack(answer: str) -> str:
+    return f"""
 WITH items AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(results)s::text[])
         AS i(id, attempt, result)
@@ -234,9 +233,15 @@ WITH items AS (
     SELECT id, queue_id, %(now)s, 'executing', 'done', %(worker_id)s, attempts, claimed_at
     FROM moved
 )
-SELECT * FROM moved
-""",  # nosec B608
-)
+SELECT {answer} FROM moved
+"""  # nosec B608
+
+
+ACK = Statement("ack", frozenset({("executing", "done")}), _ack("*"))
+# The same move answering only what its log lines and an ack batch's answer
+# read (the rest of each Task is deferred): a batch's payloads and results
+# are neither sent back nor decoded.
+ACK_BRIEF_TEXT = _ack("id, queue_id, status, attempts, previous_changed_at")
 
 # -- next_due --
 # When the scheduler next has work: the earliest retry (task_retry_due_idx),

@@ -280,6 +280,7 @@ def ack(
     key_id: int | None = None,
     queues: dict[Any, Queue] | None = None,
     now: datetime | None = None,
+    brief: bool = False,
 ) -> list[Task]:
     """executing -> done for `(task_id, attempt or None, result JSON text or None)` items.
 
@@ -287,7 +288,9 @@ def ack(
     key when `key_id` is given) and attempt;
     items that fail the guard are skipped, and the caller tells why.  Returns
     the acked tasks (any order), in one statement.  Their concurrency slots
-    are freed once it commits.
+    are freed once it commits.  `brief` tasks hold only their id, queue,
+    status and attempts (every other field deferred: read one and it costs a
+    query), for callers that answer no more than that.
     """
     if not items:
         return []
@@ -300,7 +303,7 @@ def ack(
         "attempts": pg.array(item[1] for item in items),
         "results": pg.array(item[2] for item in items),
     }
-    moved = _run(sql.ACK.text, params, queues)
+    moved = _run(sql.ACK_BRIEF_TEXT if brief else sql.ACK.text, params, queues)
     _log_rows(moved, S.EXECUTING, event="acked", now=now, worker_id=worker_id)
     concurrency.release_on_commit(moved)
     return moved

@@ -315,8 +315,14 @@ def heartbeat(worker_id: str, items: Sequence[Item], *, key_id: int | None = Non
     ]
 
 
-def ack(worker_id: str, items: Sequence[Item], *, key_id: int | None = None) -> list[Outcome]:
-    """Mark the items done, in one statement; repeated acks answer as successes."""
+def ack(
+    worker_id: str, items: Sequence[Item], *, key_id: int | None = None, brief: bool = False
+) -> list[Outcome]:
+    """Mark the items done, in one statement; repeated acks answer as successes.
+
+    With `brief`, an outcome's task may hold only its id, status and attempts
+    (transitions.ack), enough for a batch's answer.
+    """
     record_seen(worker_id)
     rows = [
         (
@@ -328,7 +334,8 @@ def ack(worker_id: str, items: Sequence[Item], *, key_id: int | None = None) -> 
     ]
     # One statement: atomic on its own, no transaction to open.
     acked = {
-        str(task.pk): task for task in transitions.ack(rows, worker_id=worker_id, key_id=key_id)
+        str(task.pk): task
+        for task in transitions.ack(rows, worker_id=worker_id, key_id=key_id, brief=brief)
     }
     missing = [item for item in items if item.task_id not in acked]
     if missing:

@@ -362,6 +362,7 @@ class Finisher:
             acked = transitions.ack(
                 [(o.job.task_id, o.job.attempt, o.result) for o in delivered],
                 worker_id=self.worker_id,
+                brief=True,
             )
             ids = {str(task.pk) for task in acked}
             for o in delivered:

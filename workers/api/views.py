@@ -217,7 +217,7 @@ class AckBatchView(HotView):
 
     @staticmethod
     def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
-        outcomes = leases.ack(data["worker_id"], _items(data["items"]), key_id=key.pk)
+        outcomes = leases.ack(data["worker_id"], _items(data["items"]), key_id=key.pk, brief=True)
         return {"results": [_batch_result(o, lease=False) for o in outcomes]}, 200
 
 

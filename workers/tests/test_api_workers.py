@@ -284,6 +284,25 @@ def test_batches__each_item_on_its_own(worker_client: APIClient, queue) -> None:
     assert Task.objects.get(pk=foreign.pk).status == S.EXECUTING
 
 
+def test_ack_batch__a_few_queries_whatever_its_size(worker_client: APIClient, queue) -> None:
+    """An ack batch's tasks come back brief (transitions.ack): nothing on its way to the
+    answer, the log lines or the metrics may read a field they do not hold (each read
+    would be a query of its own)."""
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    counts = []
+    for size in (1, 30):  # the first also looks up the key and records the worker
+        held = [TaskFactory(queue=queue, status=S.EXECUTING, worker_id="w1") for _ in range(size)]
+        items = [{"task_id": str(t.pk), "attempt": 1, "result": {"n": 1}} for t in held]
+        with CaptureQueriesContext(connections["default"]) as queries:
+            body = post(worker_client, "ack/batch", {"worker_id": "w1", "items": items}).json()
+        assert [r["status"] for r in body["results"]] == ["done"] * size
+        counts.append(len(queries))
+    assert counts[1] <= 3, counts  # the ack statement, and a queue lookup when its cache expired
+    assert Task.objects.filter(status=S.DONE, result={"n": 1}).count() == 31
+
+
 @pytest.mark.parametrize("items", [[], [{"task_id": "nope"}], "x"])
 def test_batches__malformed_body_is_400(worker_client: APIClient, queue, items) -> None:
     response = post(worker_client, "ack/batch", {"worker_id": "w1", "items": items})
