@@ -100,9 +100,10 @@ def test_prometheus_observe_many_counts_as_observe_does(
         internals.observe_many(at_once.labels(q="b"), finite)
         for amount in finite:
             one_by_one.labels(q="b").observe(amount)
-        assert _histogram_state(at_once.labels(q="b"))[0] == _histogram_state(
-            one_by_one.labels(q="b")
-        )[0], FIX
+        assert (
+            _histogram_state(at_once.labels(q="b"))[0]
+            == _histogram_state(one_by_one.labels(q="b"))[0]
+        ), FIX
         assert _histogram_state(at_once.labels(q="b"))[1] == pytest.approx(
             _histogram_state(one_by_one.labels(q="b"))[1]
         ), FIX
