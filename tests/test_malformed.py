@@ -344,6 +344,7 @@ CASES += [
         ("lone surrogate in key", b'{"payload": {"\\ud800": 1}}', "payload.\\ud800"),
         ("NUL in top-level key", b'{"payload": 1, "\\u0000": 1}', "\\u0000"),
         ("surrogate top-level key", b'{"payload": 1, "\\ud800x": 1}', "\\ud800x"),
+        ("upper-case surrogate escape", b'{"payload": ["\\uDBFF"]}', "payload[0]"),
         (
             "NUL in idempotency key",
             b'{"payload": 1, "idempotency_key": "\\u0000"}',
@@ -850,6 +851,8 @@ def test_request_limit__body_of_exactly_the_limit_is_accepted(
         pytest.param(b'{"payload": ' + b"7" * 40 + b"}", int("7" * 40), id="40-digit integer"),
         pytest.param(b'{"payload": 1e308}', 1e308, id="largest-ish double"),
         pytest.param(b'{"payload": {"a": {"a": 1}}}', {"a": {"a": 1}}, id="same key, two levels"),
+        pytest.param(b'{"payload": "\\\\u0000"}', "\\u0000", id="escaped backslash, then u0000"),
+        pytest.param(b'{"payload": "\\ud83d\\ude00"}', "\U0001f600", id="escaped surrogate pair"),
     ],
 )
 def test_enqueue__strict_parser_still_accepts_valid_json(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rest_framework.exceptions import ParseError, ValidationError
@@ -52,6 +53,13 @@ def _storable(text: str) -> bool:
     return True
 
 
+# The only way into a parsed string for NUL or a lone surrogate is a `\u` escape:
+# JSON refuses a raw control character in a string and UTF-8 cannot carry a
+# surrogate.  A body without such an escape needs no walk (a matching escaped
+# backslash, `\\u0000`, only costs the walk).
+_MAYBE_UNSTORABLE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+
+
 def parse_body(data: bytes) -> Any:
     """A request body as strict JSON (DRF's parser and the hot views' both).
 
@@ -62,7 +70,7 @@ def parse_body(data: bytes) -> Any:
         value = jsonutil.loads(data)
     except jsonutil.Refused as exc:
         raise ParseError(f"The body is not valid JSON: {exc}") from exc
-    bad = find_bad_string(value)
+    bad = find_bad_string(value) if _MAYBE_UNSTORABLE.search(data) else None
     if bad is not None:
         field = bad or "non_field_errors"
         raise ValidationError({field: ["Strings must be valid Unicode without NUL characters."]})
