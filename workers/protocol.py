@@ -67,7 +67,10 @@ def stop_waiting() -> None:
     stopping.stop()
 
 
-# Pops per queue per attempt: ids of cancelled tasks make a pop come up short.
+# Pops per queue per attempt that hand something out: ids no longer `claimed`
+# (cancelled tasks, duplicates a reconcile restored while their hand-out was
+# committing) make a pop come up short.  A pop that hands out nothing removed
+# only such ids, and does not count: the buffer is popped on through them.
 _POP_ROUNDS = 3
 
 
@@ -183,7 +186,8 @@ def take(
         if queue.id in paused or queue.is_push != push:
             continue
         grace = _push_grace(queue) if push else None
-        for _ in range(_POP_ROUNDS):
+        rounds = 0
+        while rounds < _POP_ROUNDS:
             want = max_tasks - len(handed)
             if want <= 0:
                 return handed, 0.0
@@ -228,6 +232,10 @@ def take(
             if put_back:
                 paused.add(queue.id)  # as far as this claim knows; re-read after a wait
                 break
+            # A pop of only dropped ids (each now gone from the buffer) costs no
+            # round: a task queued behind stale ids is found now, not at the next
+            # look, up to QUIET_LOOK_SECONDS later for a waiting claim.
+            rounds += bool(moved)
     return handed, retry_in
 
 

@@ -45,6 +45,24 @@ def test_claim__hands_out_buffered_tasks_and_records_the_worker() -> None:
     assert Worker.objects.filter(worker_id="w-recorded").exists()
 
 
+def test_claim__pops_on_through_stale_ids_to_a_task_behind_them() -> None:
+    """Ids no longer `claimed` ahead of a buffered task (duplicates a reconcile restored
+    while their hand-out committed) do not use up the claim's pops: a claim of one task
+    gets the task behind ten of them at once, not at a later look."""
+    from tasks.buffer import get_buffer, score
+
+    [*gone, task] = _buffered(count=11)
+    earlier = protocol.claim(protocol.ClaimRequest("w-first", ["q"], max_tasks=10))
+    assert {t.pk for t in earlier} == {t.pk for t in gone}
+    # Their ids back in the buffer, scored ahead of the task still buffered there.
+    get_buffer().push(
+        task.queue_id, [(str(t.pk), score(t.priority, t.scheduled_at) - 1000) for t in gone]
+    )
+    [handed] = protocol.claim(protocol.ClaimRequest("w-second", ["q"], max_tasks=1))
+    assert handed.pk == task.pk
+    assert get_buffer().size(task.queue_id) == 0
+
+
 def test_claim__unknown_queue_is_a_domain_error() -> None:
     """Regression for issue 9: the protocol raised Django's Http404."""
     with pytest.raises(UnknownQueue):
