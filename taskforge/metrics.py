@@ -57,17 +57,6 @@ logger = logging.getLogger("taskforge.metrics")
 
 # The underscore separates parts of prometheus_client's file names; keep it out.
 _HOST = re.sub(r"[^A-Za-z0-9.-]+", "-", socket.gethostname()) or "host"
-_named = f"{_HOST}-{os.getpid()}"
-
-
-def _forked() -> None:
-    global _named
-    _named = f"{_HOST}-{os.getpid()}"
-
-
-# prometheus_client asks on every write (about 25 a request), to notice a fork;
-# the name changes only in a forked child, so none of those asks a syscall.
-os.register_at_fork(after_in_child=_forked)
 
 
 def process_identifier(pid: int | None = None) -> str:
@@ -75,6 +64,17 @@ def process_identifier(pid: int | None = None) -> str:
     if pid is not None:
         return f"{_HOST}-{pid}"
     return _named
+
+
+def _forked() -> None:
+    global _named
+    _named = process_identifier(os.getpid())
+
+
+# prometheus_client asks on every write (about 25 a request), to notice a fork;
+# the name changes only in a forked child, so none of those asks a syscall.
+_named = process_identifier(os.getpid())
+os.register_at_fork(after_in_child=_forked)
 
 
 def default_directory() -> str:
