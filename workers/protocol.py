@@ -328,7 +328,7 @@ def ack(
 ) -> list[Outcome]:
     """Mark the items done, in one statement; repeated acks answer as successes.
 
-    With `brief`, an outcome's task may hold only its id, status and attempts
+    With `brief`, an outcome's task holds only its id, queue, status and attempts
     (transitions.ack), enough for a batch's answer.
     """
     record_seen(worker_id)
