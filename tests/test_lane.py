@@ -82,15 +82,20 @@ def client(make_client: Callable[[str | None], APIClient]) -> Callable[[str | No
 
 
 def _samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """django-prometheus's HTTP series; of a histogram only its count (a bucket
-    or the sum depends on the call's duration), and no series' creation time."""
+    """django-prometheus's HTTP series; of a histogram its count (a bucket or the
+    sum depends on the call's duration, or an answer's length), and every bucket
+    of the request sizes; no series' creation time."""
     found = {}
     for metric in REGISTRY.collect():
         for sample in metric.samples:
             name = sample.name
             if not name.startswith("django_http_") or name.endswith("_created"):
                 continue
-            if metric.type == "histogram" and not name.endswith("_count"):
+            if (
+                metric.type == "histogram"
+                and not name.endswith("_count")
+                and name != "django_http_requests_body_bytes_bucket"
+            ):
                 continue
             found[(name, tuple(sorted(sample.labels.items())))] = sample.value
     return found

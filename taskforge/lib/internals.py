@@ -83,7 +83,7 @@ psycopg_pool: a reset set on a pool already made (reset_returned_connections)
     worker came to ~6 % of the API processes' Python time.
     Guard: a reset set so runs on the connections given back.
 
-prometheus_client: a histogram's observations in one write a bucket (observe_many)
+prometheus_client: a histogram's observations in one write a bucket (observe_many, observe)
     What: what `observe(amount)` does for each of many amounts, from a child's
     `_sum`, `_buckets` and `_upper_bounds` (private): the sum incremented by
     the amounts' total, and each bucket (non-cumulative inside the child: an
@@ -92,7 +92,10 @@ prometheus_client: a histogram's observations in one write a bucket (observe_man
     Why: speed.  An ack batch of 100 observed 100 claim-to-ack durations, two
     value writes each (a lock, the fork check and an mmap write each time,
     ~2.4 us an observation in multiprocess mode); now one write for the sum
-    and one per bucket hit.
+    and one per bucket hit.  `observe` is the one-amount form: its bucket
+    found by bisection, where `observe()` compares the amount with each
+    bound in turn (a request size in django-prometheus's 32 byte buckets:
+    5.8 against 3.4 us).
     Guard: the same bucket counts and sum as `observe()` one by one, in memory
     and in multiprocess files.
 
@@ -144,6 +147,13 @@ def count_in_files(process_identifier: Callable[[], str]) -> None:
 def count_in_memory() -> None:
     """Metric values live in this process's memory, whatever the environment says."""
     values.ValueClass = values.MutexValue
+
+
+def observe(child: Any, amount: float) -> None:
+    """`child.observe(amount)` (a histogram's child, no exemplars)."""
+    child._sum.inc(amount)
+    if amount == amount:  # NaN is in no bucket, as observe() counts it
+        child._buckets[bisect.bisect_left(child._upper_bounds, amount)].inc(1)
 
 
 def observe_many(child: Any, amounts: Sequence[float]) -> None:

@@ -74,7 +74,7 @@ AMOUNTS = [0.004, 0.005, 0.0051, 0.3, 0.3, 7.5, 1e9, 0.0, -1.0, float("nan"), 2.
 
 
 @pytest.mark.parametrize("where", ["memory", "files"])
-def test_prometheus_observe_many_counts_as_observe_does(
+def test_prometheus_observe_and_observe_many_count_as_observe_does(
     where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(values, "ValueClass", values.ValueClass)
@@ -88,13 +88,17 @@ def test_prometheus_observe_many_counts_as_observe_does(
         buckets = (0.005, 0.01, 0.5, 5.0)
         one_by_one = Histogram("internals_h1", "Probe.", ["q"], buckets=buckets, registry=None)
         at_once = Histogram("internals_h2", "Probe.", ["q"], buckets=buckets, registry=None)
+        singly = Histogram("internals_h3", "Probe.", ["q"], buckets=buckets, registry=None)
         for amount in AMOUNTS:
             one_by_one.labels(q="a").observe(amount)
         internals.observe_many(at_once.labels(q="a"), AMOUNTS)
         internals.observe_many(at_once.labels(q="a"), [])
+        for amount in AMOUNTS:
+            internals.observe(singly.labels(q="a"), amount)
         expected_buckets, expected_sum = _histogram_state(one_by_one.labels(q="a"))
         got_buckets, got_sum = _histogram_state(at_once.labels(q="a"))
         assert got_buckets == expected_buckets, FIX
+        assert _histogram_state(singly.labels(q="a"))[0] == expected_buckets, FIX
         assert got_sum != got_sum and expected_sum != expected_sum, FIX  # NaN in both sums
         finite = [a for a in AMOUNTS if a == a]
         internals.observe_many(at_once.labels(q="b"), finite)
