@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import LazySettings
+from django.test import override_settings
 
 import taskforge.settings as settings_module
 from taskforge.conf import _Conf, conf
@@ -29,11 +30,25 @@ def test_conf_lists_the_settings_of_settings_py_with_their_types() -> None:
         assert type(value) is TYPES[annotation], name
 
 
-def test_conf_reads_the_setting_at_each_access(settings: LazySettings) -> None:
+def test_conf_reads_the_setting_again_after_it_changed(settings: LazySettings) -> None:
     settings.TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS = 2.5
     assert conf.HEARTBEAT_TIMEOUT_SECONDS == 2.5
     settings.TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS = 4.0
     assert conf.HEARTBEAT_TIMEOUT_SECONDS == 4.0
+    with override_settings(TASKFORGE_HEARTBEAT_TIMEOUT_SECONDS=7.0):
+        assert conf.HEARTBEAT_TIMEOUT_SECONDS == 7.0
+    assert conf.HEARTBEAT_TIMEOUT_SECONDS == 4.0
+
+
+def test_conf_keeps_a_value_read_until_its_setting_changes(settings: LazySettings) -> None:
+    settings.TASKFORGE_RETRY_BASE_MS = 1234
+    assert conf.RETRY_BASE_MS == 1234
+    assert vars(conf)["RETRY_BASE_MS"] == 1234  # kept: the next read skips Django's settings
+    settings.TASKFORGE_BUFFER_SIZE = 7  # another setting: the kept value stays
+    assert vars(conf)["RETRY_BASE_MS"] == 1234
+    settings.TASKFORGE_RETRY_BASE_MS = 99
+    assert "RETRY_BASE_MS" not in vars(conf)
+    assert conf.RETRY_BASE_MS == 99
 
 
 def test_conf_refuses_unknown_names() -> None:
