@@ -35,6 +35,7 @@ from queues.models import Queue
 from queues.notify import wake_dispatchers, wake_scheduler
 from taskforge import metrics
 from taskforge.lib import internals, jsonutil, pg
+from taskforge.lib import logging as json_logging
 from taskforge.lib.ids import uuid7
 from taskforge.lib.logging import JSON_LINES
 from tasks import concurrency, dlqdepth, signals, sql
@@ -574,7 +575,7 @@ def _log(event: str, lines: list[dict[str, Any]]) -> None:
     per task cost more than the statement itself for a batch (py-spy).
     """
     if len(lines) == 1:
-        logger.info(event, extra=lines[0])
+        json_logging.info(logger, event, lines[0])
     elif lines:
-        logger.info(event, extra={JSON_LINES: lines})
+        json_logging.info(logger, event, {JSON_LINES: lines})
     metrics.on_transitions(event, lines)

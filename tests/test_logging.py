@@ -297,3 +297,90 @@ def test_gunicorn_lines__format_under_our_logging_settings(
     )
     formatter = logging.Formatter(GunicornLogger.error_fmt, GunicornLogger.datefmt)
     assert f"[{os.getpid()}] [INFO] Worker exiting" in formatter.format(record)
+
+
+@pytest.fixture
+def plain_logger() -> Any:
+    """A logger as LOGGING sets one up (a StreamHandler with the JSON formatter), on a
+    buffer.  Not one of logging's registered loggers and not propagating, so pytest's
+    capture handlers (on the root, and on registered loggers that do not propagate)
+    are not on its way."""
+    import io
+
+    logger = logging.Logger("taskforge.tests.plain", logging.INFO)
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger.addHandler(handler)
+    logger.propagate = False
+    return logger, handler, stream
+
+
+def _without_ts(text: str) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in text.splitlines()]
+    for line in lines:
+        assert line.pop("ts").endswith("Z")
+    return lines
+
+
+def test_direct_info__writes_what_logger_info_writes(plain_logger: Any) -> None:
+    """`taskforge.lib.logging.info` writes the text `logger.info` writes (but the
+    clock's reading), for one line and for a batch, key order included."""
+    from taskforge.lib import logging as json_logging
+    from taskforge.lib.logging import JSON_LINES
+
+    logger, handler, stream = plain_logger
+    assert json_logging._plain_handlers(logger) == [handler]  # the direct write
+    one = {"task_id": "01a2342d-b443-7308-ad96-48ee20da1572", "queue": "q", "attempt": 1}
+    batch = {JSON_LINES: [one, {"task_id": "b", "text": 'é "x"'}, {}]}
+    for extra in (one, batch, {}):
+        json_logging.info(logger, "task.acked", extra)
+        direct = stream.getvalue()
+        stream.seek(0)
+        stream.truncate()
+        logger.info("task.acked", extra=extra)
+        through = stream.getvalue()
+        stream.seek(0)
+        stream.truncate()
+        assert direct.endswith("\n") and direct.count("\n") == through.count("\n")
+        assert json.dumps(_without_ts(direct)) == json.dumps(_without_ts(through))
+
+
+def test_direct_info__any_other_setup_goes_through_logging(
+    plain_logger: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A filter, another kind of handler or a record factory: `Logger.info` takes
+    the line, so what they do still happens (pytest's caplog sees the records)."""
+    from taskforge.lib import logging as json_logging
+
+    logger, handler, stream = plain_logger
+    handler.addFilter(lambda record: True)
+    assert json_logging._plain_handlers(logger) is None
+    handler.filters.clear()
+    logger.parent = logging.getLogger()
+    logger.propagate = True  # pytest's capture handler on the root, now reached
+    assert json_logging._plain_handlers(logger) is None
+    caplog.set_level(logging.INFO, logger=logger.name)
+    json_logging.info(logger, "task.acked", {"task_id": "x"})
+    assert [r.task_id for r in caplog.records if r.name == logger.name] == ["x"]  # type: ignore[attr-defined]
+    assert json.loads(stream.getvalue())["task_id"] == "x"
+    logger.propagate = False
+    factory = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(lambda *a, **k: factory(*a, **k))
+    try:
+        assert json_logging._plain_handlers(logger) is None
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert json_logging._plain_handlers(logger) == [handler]
+
+
+def test_direct_info__below_the_level_writes_nothing(plain_logger: Any) -> None:
+    from taskforge.lib import logging as json_logging
+
+    logger, handler, stream = plain_logger
+    logger.setLevel(logging.WARNING)
+    json_logging.info(logger, "task.acked", {"task_id": "x"})
+    logger.setLevel(logging.INFO)
+    handler.setLevel(logging.WARNING)
+    json_logging.info(logger, "task.acked", {"task_id": "x"})
+    assert stream.getvalue() == ""

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
+from taskforge.lib import logging as json_logging
+
 logger = logging.getLogger("taskforge.request")
 
 
@@ -43,9 +45,10 @@ class RequestLogMiddleware:
 def log_request(request: HttpRequest, response: HttpResponseBase, started: float) -> None:
     """The `http.request` line of a request answered `response`, begun at `started`
     (time.perf_counter())."""
-    logger.info(
+    json_logging.info(
+        logger,
         "http.request",
-        extra={
+        {
             "method": request.method,
             "path": request.path,
             "status": response.status_code,
