@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from queues.exceptions import UnknownQueue
 from queues.tests.factories import QueueFactory
+from taskforge.api import revocation
 from tasks import wakeup
 from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskStatus, lease_timeout
@@ -79,13 +80,14 @@ def test_claim__a_client_gone_during_the_wait_gets_nothing() -> None:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize(("listening", "looks"), [(True, (2, 3)), (False, (9, 14))])
+@pytest.mark.parametrize(("listening", "looks"), [(True, (3, 4)), (False, (10, 15))])
 def test_claim__an_idle_wait_looks_again_when_woken_or_now_and_then(
     monkeypatch: pytest.MonkeyPatch, listening: bool, looks: tuple[int, int]
 ) -> None:
     """Issue 11: 1,000 idle pollers looking every second kept 0.2 of a core busy. With
     the wake-up listener subscribed, a wait looks again only every QUIET_LOOK_SECONDS
-    (here 1 s, slices of 0.2 s); without it, every slice."""
+    (here 1 s, slices of 0.2 s); without it, every slice.  Plus the look before the
+    claim registers for wake-ups (test_claim__looks_before_it_registers_for_wake_ups)."""
     QueueFactory(name="q")
     monkeypatch.setattr(protocol, "MAX_WAIT_SLICE", 0.2)
     monkeypatch.setattr(protocol, "QUIET_LOOK_SECONDS", 1.0)
@@ -100,6 +102,48 @@ def test_claim__an_idle_wait_looks_again_when_woken_or_now_and_then(
     monkeypatch.setattr(protocol, "take", counted)
     assert protocol.claim(protocol.ClaimRequest("w1", ["q"], wait_seconds=2.1)) == []
     assert looks[0] <= len(calls) <= looks[1], calls
+
+
+def test_claim__looks_before_it_registers_for_wake_ups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim that finds work at its first look never registers for wake-ups nor
+    watches its key; one that waits looks again once registered, so a task that
+    arrives between the first look and the registration is handed out at once."""
+    [first] = _buffered()
+    registered: list[str] = []
+    real_interest, real_watch = wakeup.waiters.interest, revocation.watch_key
+
+    def interest(*args: Any, **kwargs: Any) -> Any:
+        registered.append("interest")
+        return real_interest(*args, **kwargs)
+
+    def watch_key(*args: Any, **kwargs: Any) -> Any:
+        registered.append("watch_key")
+        return real_watch(*args, **kwargs)
+
+    monkeypatch.setattr(wakeup.waiters, "interest", interest)
+    monkeypatch.setattr(revocation, "watch_key", watch_key)
+    [task] = protocol.claim(protocol.ClaimRequest("w1", ["q"], wait_seconds=5))
+    assert registered == []
+    # Nothing at the first look; the task lands before the claim registers.
+    real_take = protocol.take
+    looks: list[int] = []
+
+    def take(*args: Any, **kwargs: Any) -> Any:
+        found = real_take(*args, **kwargs)
+        looks.append(len(found[0]))
+        if len(looks) == 1:
+            TaskFactory(queue=first.queue)
+            loop = DispatcherLoop()
+            while loop.tick():
+                pass
+        return found
+
+    monkeypatch.setattr(protocol, "take", take)
+    started = time.monotonic()
+    [second] = protocol.claim(protocol.ClaimRequest("w1", ["q"], wait_seconds=5))
+    assert time.monotonic() - started < 1.0  # not after a wait slice
+    assert looks == [0, 1] and registered == ["interest", "watch_key"]
+    assert second.pk != task.pk == first.pk
 
 
 def test_heartbeat__extends_the_lease_and_keeps_the_history() -> None:
