@@ -28,9 +28,9 @@ authentication, views, logging, metrics) is the same Django code that
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
-import queue
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -103,22 +103,22 @@ class _Pool:
     of its CPU (measured with py-spy under `make bench`: the executor's
     concurrent Future, the asyncio Future chained to it and the executor's
     idle-thread semaphore were a tenth of a single-task request's API CPU).  A
-    job is a plain tuple on a SimpleQueue; its thread settles the loop's
-    future with one `call_soon_threadsafe`.  Threads start as needed, up to
-    `size`, and stay.
+    job is a plain tuple; its thread settles the loop's future with one
+    `call_soon_threadsafe`.  Threads start as needed, up to `size`, and stay.
+
+    The idle threads are a stack: a job goes to the thread that finished
+    last, whose stack, caches and kept database connection (taskforge.api.lane's
+    `Parking`) are warm, not round the whole pool in turn.  Each idle thread
+    waits on a lock of its own, released to hand it a job.  With every thread
+    busy, jobs wait in a queue for the first to finish.
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._jobs: queue.SimpleQueue[
-            tuple[
-                asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]
-            ]
-            | None
-        ] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._waiting: collections.deque[_Job] = collections.deque()
         self._threads = 0
-        self._idle = 0
         self._stopped = False
 
     def run(
@@ -126,24 +126,23 @@ class _Pool:
     ) -> asyncio.Future[Any]:
         """`fn(*args)` on a pool thread; its result (or exception) as a future of `loop`."""
         future = loop.create_future()
+        job: _Job = (loop, future, fn, args)
         with self._lock:
             if self._idle:
-                self._idle -= 1
-                spawn = False
-            else:
-                spawn = self._threads < self.size
-                self._threads += spawn
-        self._jobs.put((loop, future, fn, args))
-        if spawn:
-            threading.Thread(target=self._work, name="taskforge-api", daemon=True).start()
+                worker = self._idle.pop()
+                worker.job = job
+                worker.ready.release()
+                return future
+            if self._threads >= self.size:
+                self._waiting.append(job)
+                return future
+            self._threads += 1
+        threading.Thread(target=self._work, args=(job,), name="taskforge-api", daemon=True).start()
         return future
 
-    def _work(self) -> None:
-        jobs = self._jobs
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
+    def _work(self, job: _Job | None) -> None:
+        me = _Worker()
+        while job is not None:
             loop, future, fn, args = job
             settle: Callable[[asyncio.Future[Any], Any], None] = _settle
             try:
@@ -154,15 +153,34 @@ class _Pool:
             # Nothing of a request outlives it in an idle thread.
             del job, loop, future, fn, args, outcome
             with self._lock:
-                self._idle += 1
+                if self._waiting:
+                    job = self._waiting.popleft()
+                    continue
+                if self._stopped:
+                    return
+                self._idle.append(me)
+            me.ready.acquire()
+            job, me.job = me.job, None
 
     def shutdown(self) -> None:
         """Stop the threads once the jobs queued before have run."""
         with self._lock:
             self._stopped = True
-            threads = self._threads
-        for _ in range(threads):
-            self._jobs.put(None)
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.job = None
+            worker.ready.release()
+
+
+class _Worker:
+    """An idle pool thread's mailbox: its next job, and the lock it waits on."""
+
+    __slots__ = ("job", "ready")
+
+    def __init__(self) -> None:
+        self.job: _Job | None = None
+        self.ready = threading.Lock()
+        self.ready.acquire()  # held: the thread blocks on it until handed a job
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
