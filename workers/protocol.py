@@ -134,7 +134,7 @@ def claim(request: ClaimRequest, *, gone: Callable[[], bool] | None = None) -> l
     # instructions of the single path's three requests (callgrind).  One that
     # will wait looks again once registered (below), so a wake-up between that
     # look and the wait is not missed.
-    tasks, retry_in = look()
+    tasks, _ = look()
     if tasks or request.wait_seconds <= 0:
         return tasks
     with (

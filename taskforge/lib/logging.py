@@ -6,7 +6,7 @@ import json
 import json.encoder
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
@@ -57,19 +57,15 @@ class JsonFormatter(logging.Formatter):
     """
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = {
-            key: value
-            for key, value in record.__dict__.items()
-            if key not in _RESERVED and key[0] != "_"
-        }
         return render(
             record.created,
             record.levelname,
             record.name,
             record.getMessage(),
-            fields,
+            record.__dict__,
             self.formatException(record.exc_info) if record.exc_info else None,
             record.__dict__.get(JSON_LINES),
+            skip=_RESERVED,
         )
 
 
@@ -78,19 +74,24 @@ def render(
     level: str,
     name: str,
     event: str,
-    fields: dict[str, Any],
+    fields: Mapping[str, Any],
     exc: str | None = None,
     batch: list[dict[str, Any]] | None = None,
+    *,
+    skip: frozenset[str] = frozenset(),
 ) -> str:
-    """The text of a record: `{"ts", "level", "logger", "event", ...fields}`, and
-    with a batch (`JSON_LINES`) one such line per entry."""
+    """The text of a record: `{"ts", "level", "logger", "event", ...fields}` (but
+    the fields named in `skip` or starting with `_`), and with a batch
+    (`JSON_LINES`) one such line per entry."""
     line: dict[str, Any] = {
         "ts": _timestamp(created),
         "level": level.lower(),
         "logger": name,
         "event": event,
     }
-    line.update(fields)
+    for key, value in fields.items():
+        if key not in skip and key[0] != "_":
+            line[key] = value
     if exc is not None:
         line["exc"] = exc
     if batch is not None:
@@ -148,7 +149,7 @@ def info(logger: logging.Logger, event: str, extra: dict[str, Any]) -> None:
         "INFO",
         logger.name,
         event,
-        {key: value for key, value in extra.items() if key[0] != "_"},
+        extra,
         None,
         extra.get(JSON_LINES),
     )
