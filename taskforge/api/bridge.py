@@ -149,18 +149,25 @@ class _Pool:
                 outcome = fn(*args)
             except BaseException as exc:
                 outcome, settle = exc, _settle_error
+            # Idle (or on to a queued job) before the answer goes back, so the
+            # caller's next job, sent as soon as it has the answer, finds this
+            # thread on top of the stack.
+            with self._lock:
+                if self._waiting:
+                    following: _Job | None = self._waiting.popleft()
+                    idle = False
+                else:
+                    following = None
+                    idle = not self._stopped
+                    if idle:
+                        self._idle.append(me)
             _call_soon(loop, settle, future, outcome)
             # Nothing of a request outlives it in an idle thread.
             del job, loop, future, fn, args, outcome
-            with self._lock:
-                if self._waiting:
-                    job = self._waiting.popleft()
-                    continue
-                if self._stopped:
-                    return
-                self._idle.append(me)
-            me.ready.acquire()
-            job, me.job = me.job, None
+            if idle:
+                me.ready.acquire()
+                following, me.job = me.job, None
+            job = following
 
     def shutdown(self) -> None:
         """Stop the threads once the jobs queued before have run."""
