@@ -4,7 +4,9 @@
 `{"url", "timeout_seconds", "headers"}`, stored with its defaults filled in.
 The push processes (`workers.pusher`) deliver the tasks of such queues; this
 module is the one place that says what a target may be, so the API, the
-admin, `createqueue` and the pusher agree.
+admin, `createqueue` and the pusher agree, and what of it anyone but an admin
+key may see (`redacted`, `unredacted`, `scrubbed`: API.md v1.2 "Secrets in push
+settings").
 
 The signature a receiver verifies: `TaskForge-Signature: t=<unix seconds>,
 v1=<hex HMAC-SHA256 of "<t>.<body bytes>">` keyed with
@@ -19,7 +21,7 @@ import hmac
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 DEFAULT_TIMEOUT_SECONDS = 30
 MAX_TIMEOUT_SECONDS = 1800
@@ -184,3 +186,90 @@ def signature(secret: str, body: bytes, timestamp: int) -> str:
     """The `TaskForge-Signature` value of a request body sent at `timestamp` (Unix seconds)."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
     return f"t={timestamp},v1={mac.hexdigest()}"
+
+
+# Redaction (API.md v1.2 "Secrets in push settings") ---------------------------------
+#
+# A target's header values and its URL's user info and query may be credentials.
+# Admin keys get them through the API; everyone and everything else (producer and
+# worker keys, the dashboard, Django admin, the audit log, the logs) sees the
+# target as `redacted` makes it.  A form shows that form and takes it back
+# (`unredacted`), so a value left as shown keeps the stored secret.
+
+REDACTED = "[redacted]"
+# Pieces of a secret shorter than this are not scrubbed out of free text: they
+# would cut up every error excerpt (an `X-Env: a` header) and hide nothing.
+MIN_SCRUBBED_CHARS = 4
+
+
+def redacted(stored: Any) -> Any:
+    """A stored `push` value as anyone but an admin key sees it: each header value
+    `[redacted]`, the URL as `scheme://host[:port]/path`.  Idempotent; None and
+    values that are not targets are returned as they are (an audit entry's old value)."""
+    if not isinstance(stored, dict):
+        return stored
+    shown = dict(stored)
+    if "url" in stored:
+        shown["url"] = _redacted_url(stored["url"])
+    if isinstance(stored.get("headers"), dict):
+        shown["headers"] = dict.fromkeys(stored["headers"], REDACTED)
+    return shown
+
+
+def _redacted_url(url: Any) -> str:
+    if not isinstance(url, str):
+        return REDACTED
+    try:
+        return display_url(url)
+    except ValueError:  # not a URL TaskForge stores; say nothing of it
+        return REDACTED
+
+
+def unredacted(posted: PushTarget, stored: Any) -> PushTarget:
+    """The target a form means when it sends back what `redacted` showed it.
+
+    A header value `[redacted]` keeps the stored value of that header (names
+    compare as HTTP does, without case); a URL equal to the stored one as shown
+    keeps the stored URL, user info and query included.  Anything typed anew
+    replaces what was stored.
+
+    Raises:
+        InvalidPush: a `[redacted]` header value with no stored value to keep.
+    """
+    before = target_of(stored) if isinstance(stored, dict) else None
+    url = posted.url
+    if before is not None and url == _redacted_url(before.url):
+        url = before.url
+    kept = {name.lower(): value for name, value in (before.headers if before else {}).items()}
+    headers: dict[str, str] = {}
+    for name, value in posted.headers.items():
+        if value == REDACTED:
+            if name.lower() not in kept:
+                raise InvalidPush(
+                    f"Header {name!r}: {REDACTED} keeps a stored value, and there is none; "
+                    "type the value."
+                )
+            value = kept[name.lower()]
+        headers[name] = value
+    return PushTarget(url=url, timeout_seconds=posted.timeout_seconds, headers=headers)
+
+
+def scrubbed(text: str, target: PushTarget) -> str:
+    """`text` (an error, a log field) without the target's secrets: its header values
+    and its URL's user info and query, as written and as percent-encoding changes
+    them (an HTTP library quotes the URL it names in its errors)."""
+    parts = urlsplit(target.url)
+    pieces = [*target.headers.values(), parts.username, parts.password, parts.query]
+    # Each query value too (not the names: `token` is no secret), in case the
+    # library reorders or re-encodes the query it shows.
+    pieces.extend(pair.partition("=")[2] for pair in parts.query.split("&"))
+    secrets: set[str] = set()
+    for piece in pieces:
+        if not piece:
+            continue
+        plain = unquote(piece)
+        secrets.update({piece, plain, quote(plain, safe="!$&'()*+,;=:@/?~")})
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= MIN_SCRUBBED_CHARS:
+            text = text.replace(secret, REDACTED)
+    return text
