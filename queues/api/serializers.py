@@ -37,9 +37,13 @@ PUSH_SCHEMA: dict[str, Any] = {
     },
 }
 
-# Shown instead of a push header's value to keys that are not admin keys: the
-# headers may carry the target's credentials (`Authorization`).
-REDACTED = "[redacted]"
+# The OpenAPI form of a queue's `push` in answers: what a key that is not an admin key sees.
+PUSH_ANSWER_SCHEMA: dict[str, Any] = {
+    **PUSH_SCHEMA,
+    "description": "Header values and the URL's user info and query are shown to admin keys "
+    f'only; other keys see "{push.REDACTED}" for each header value and the URL as '
+    "scheme://host[:port]/path",
+}
 
 
 @extend_schema_field(PUSH_SCHEMA)
@@ -87,13 +91,12 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(PUSH_SCHEMA)
+    @extend_schema_field(PUSH_ANSWER_SCHEMA)
     def get_push(self, queue: Queue) -> dict[str, Any] | None:
-        """The push target; header values only for admin keys (`reveal_push_headers`)."""
-        if queue.push is None or self.context.get("reveal_push_headers"):
+        """The push target; whole for admin keys only (`reveal_push`), else `push.redacted`."""
+        if self.context.get("reveal_push"):
             return queue.push
-        shown = dict(queue.push)
-        shown["headers"] = {name: REDACTED for name in queue.push.get("headers", {})}
+        shown: dict[str, Any] | None = push.redacted(queue.push)
         return shown
 
 

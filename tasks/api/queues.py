@@ -24,9 +24,9 @@ from tasks import services
 
 
 def shown(request: Request, queues: Queue | Sequence[Queue]) -> Any:
-    """The queue(s) as the caller may see them: push header values for admin keys only."""
+    """The queue(s) as the caller may see them: push secrets for admin keys only."""
     reveal = getattr(request.user, "role", None) == Role.ADMIN
-    context = {"reveal_push_headers": reveal}
+    context = {"reveal_push": reveal}
     if isinstance(queues, Queue):
         return QueueSerializer(queues, context=context).data
     return QueueSerializer(queues, many=True, context=context).data

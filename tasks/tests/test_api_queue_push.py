@@ -106,21 +106,50 @@ def test_patch__replaces_push_as_a_whole_and_null_turns_it_off(admin_client: API
     assert Queue.objects.get(name="q").push is None
 
 
-def test_header_values_are_shown_to_admin_keys_only(
+SECRET_URL = "https://bot:pa55word@hooks.example.com:8443/tasks?token=qt0ken"
+SECRET_PUSH = {
+    "url": SECRET_URL,
+    "timeout_seconds": 30,
+    "headers": {"Authorization": "Bearer s3cret", "X-Api-Key": "k3y"},
+}
+REDACTED_PUSH = {
+    "url": "https://hooks.example.com:8443/tasks",
+    "timeout_seconds": 30,
+    "headers": {"Authorization": "[redacted]", "X-Api-Key": "[redacted]"},
+}
+
+
+def test_secrets_are_shown_to_admin_keys_only(
     admin_client: APIClient, producer_client: APIClient, worker_client: APIClient
 ) -> None:
-    push = {"url": URL, "headers": {"Authorization": "Bearer secret"}}
-    admin_client.post("/queues", {"name": "q", "push": push}, format="json")
-    assert admin_client.get("/queues/q").json()["push"]["headers"] == {
-        "Authorization": "Bearer secret"
-    }
+    """API.md v1.2 "Secrets in push settings": header values, the URL's user info and
+    query, to admin keys only; producer and worker keys see them redacted."""
+    created = admin_client.post("/queues", {"name": "q", "push": SECRET_PUSH}, format="json")
+    assert created.json()["push"] == SECRET_PUSH
+    assert admin_client.get("/queues/q").json()["push"] == SECRET_PUSH
+    assert admin_client.get("/queues").json()["results"][0]["push"] == SECRET_PUSH
     for client in (producer_client, worker_client):
-        shown = client.get("/queues/q").json()["push"]
-        assert shown["headers"] == {"Authorization": "[redacted]"}
-        assert shown["url"] == URL
-        listed = client.get("/queues").json()
-        items = listed["results"] if isinstance(listed, dict) else listed
-        assert "secret" not in str(items)
+        assert client.get("/queues/q").json()["push"] == REDACTED_PUSH
+        assert client.get("/queues").json()["results"][0]["push"] == REDACTED_PUSH
+
+
+def test_no_other_answer_to_producer_and_worker_keys_names_a_secret(
+    admin_client: APIClient, producer_client: APIClient, worker_client: APIClient
+) -> None:
+    admin_client.post("/queues", {"name": "q", "push": SECRET_PUSH}, format="json")
+    task = producer_client.post("/queues/q/tasks", {"payload": {"n": 1}}, format="json")
+    assert task.status_code == 201
+    answers = [
+        task,
+        producer_client.get(f"/queues/q/tasks/{task.json()['id']}"),
+        producer_client.get("/queues/q/tasks"),
+        producer_client.get("/queues/q/stats"),
+        worker_client.post("/workers/claim", {"worker_id": "w", "queues": ["q"]}, format="json"),
+    ]
+    for answer in answers:
+        assert answer.status_code in (200, 201), answer.content
+        for secret in ("pa55word", "qt0ken", "s3cret", "k3y"):
+            assert secret not in answer.content.decode()
 
 
 def test_patch__a_bad_target_changes_nothing(admin_client: APIClient) -> None:

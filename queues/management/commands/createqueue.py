@@ -74,9 +74,7 @@ class Command(BaseCommand):
             raise CommandError(problems) from exc
         except TaskForgeError as exc:
             raise CommandError(exc.message) from exc
-        self.stdout.write(
-            json.dumps(QueueSerializer(queue, context={"reveal_push_headers": True}).data)
-        )
+        self.stdout.write(json.dumps(QueueSerializer(queue, context={"reveal_push": True}).data))
 
     def _push(self, options: dict[str, Any]) -> dict[str, Any] | None:
         """The `push` object of the --push-* options (validated with the rest of the body)."""
