@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from queues import push
 from queues.exceptions import QueueExists, UnknownQueue
 from queues.models import Queue
 from queues.notify import wake_dispatchers
@@ -26,7 +27,7 @@ def create_queue(name: str, *, actor: Actor, **fields: Any) -> Queue:
     try:
         with transaction.atomic():
             queue = Queue.objects.create(name=name, **fields)
-            record(actor, Action.QUEUE_CREATE, queue=name, target=name, details=dict(fields))
+            record(actor, Action.QUEUE_CREATE, queue=name, target=name, details=_audited(fields))
             return queue
     except IntegrityError as exc:
         raise QueueExists(f"A queue named {name!r} exists already.") from exc
@@ -37,7 +38,8 @@ def update_queue(queue: Queue, *, actor: Actor, **fields: Any) -> Queue:
 
     Audit: a change of `paused` is `queue.pause` or `queue.resume`, a change of
     any other field one `queue.update` with `{"changed": {field: [old, new]}}`;
-    a field set to the value it has is no change.
+    a field set to the value it has is no change.  `push` is recorded redacted
+    (old and new), and recorded whenever it changed, a header value alone too.
 
     Raises:
         UnknownQueue: the queue was deleted meanwhile.
@@ -67,7 +69,7 @@ def update_queue(queue: Queue, *, actor: Actor, **fields: Any) -> Queue:
                 Action.QUEUE_UPDATE,
                 queue=queue.name,
                 target=queue.name,
-                details={"changed": others},
+                details={"changed": _audited(others)},
             )
         if fields.get("paused") is False:
             wake_dispatchers([queue.id])
@@ -88,6 +90,19 @@ def set_paused(queue: Queue, *, paused: bool, actor: Actor) -> Queue:
         if not paused:
             wake_dispatchers([queue.id])
     return queue
+
+
+def _audited(fields: dict[str, Any]) -> dict[str, Any]:
+    """Settings, or `{field: [old, new]}`, as the audit log keeps them: `push`
+    redacted (API.md v1.2 "Secrets in push settings"), the rest as given."""
+    audited = dict(fields)
+    if "push" in fields:
+        value = fields["push"]
+        if isinstance(value, list):  # [old, new]; a push value itself is an object or null
+            audited["push"] = [push.redacted(v) for v in value]
+        else:
+            audited["push"] = push.redacted(value)
+    return audited
 
 
 def _record_paused(actor: Actor, queue: Queue) -> None:
