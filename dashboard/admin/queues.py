@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, cast
 
 from django import forms
@@ -31,7 +32,13 @@ admin.site.index_title = "Data"
 
 
 class QueueForm(forms.ModelForm[Queue]):
-    """The admin's queue form: `push` checked by the API's own rule (queues.push)."""
+    """The admin's queue form: `push` checked by the API's own rule (queues.push).
+
+    `push` is shown redacted, to superusers too (API.md v1.2 "Secrets in push
+    settings"), and what comes back is read by `push.unredacted`: a header value
+    left `[redacted]`, or the URL left as shown, keeps the stored secret, so a
+    change of another field (or of the timeout) never wipes the credentials.
+    """
 
     class Meta:
         model = Queue
@@ -39,15 +46,25 @@ class QueueForm(forms.ModelForm[Queue]):
         help_texts = {
             "push": 'null: workers claim the tasks. Else {"url": "https://...", '
             '"timeout_seconds": 30, "headers": {"Authorization": "..."}}: run_pusher POSTs '
-            "each task there (docs/push.md).",
+            f"each task there (docs/push.md). Header values show as {push.REDACTED} and the "
+            "URL without its user info and query: left as shown they keep the stored ones, "
+            "typed anew they replace them.",
         }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.instance._state.adding:
+            self.initial["push"] = push.redacted(self.instance.push)
 
     def clean_push(self) -> dict[str, Any] | None:
         value = self.cleaned_data.get("push")
         if value is None:
             return None
+        # The instance still holds the stored target: the form's values reach it
+        # after the fields are cleaned (ModelForm._post_clean).
+        stored = None if self.instance._state.adding else self.instance.push
         try:
-            return push.parse(value).as_json()
+            return push.unredacted(push.parse(value), stored).as_json()
         except push.InvalidPush as exc:
             raise forms.ValidationError(str(exc)) from exc
 
@@ -73,7 +90,21 @@ class QueueAdmin(GuardedAdmin[Queue]):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Queue | None = None) -> Any:
         # The name is the queue's identity in the API and in workers' configs.
-        return ("name", "created_at") if obj is not None else ("created_at",)
+        # `push_settings` stands in for `push` on a page the user may only view.
+        if obj is None:
+            return ("created_at", "push_settings")
+        return ("name", "created_at", "push_settings")
+
+    def get_fields(self, request: HttpRequest, obj: Queue | None = None) -> Any:
+        fields = [name for name in super().get_fields(request, obj) if name != "push_settings"]
+        if obj is not None and not self.has_change_permission(request, obj) and "push" in fields:
+            # A view-only page prints the model's fields as stored: the secrets too.
+            fields[fields.index("push")] = "push_settings"
+        return fields
+
+    @admin.display(description="Push")
+    def push_settings(self, queue: Queue) -> str:
+        return json.dumps(push.redacted(queue.push))
 
     @admin.display(description="Push to")
     def push_target(self, queue: Queue) -> str:
