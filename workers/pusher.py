@@ -180,6 +180,10 @@ async def deliver(session: aiohttp.ClientSession, job: Job, *, secret: str) -> O
     body = b""
 
     def ended(kind: str, error: str | None = None, **fields: Any) -> Outcome:
+        # The error goes to `last_error` and the log: never the target's secrets
+        # (aiohttp names the URL, query included, in some errors; a target may echo a header).
+        if error is not None:
+            error = push.scrubbed(error, job.target)
         return Outcome(job, kind, time.monotonic() - started, error=error, status=status, **fields)
 
     try:
@@ -202,7 +206,11 @@ async def deliver(session: aiohttp.ClientSession, job: Job, *, secret: str) -> O
                 # delivered, without a result.
                 logger.info(
                     "push.result_unread",
-                    extra={"task_id": job.task_id, "queue": job.queue, "error": repr(exc)},
+                    extra={
+                        "task_id": job.task_id,
+                        "queue": job.queue,
+                        "error": push.scrubbed(repr(exc), job.target),
+                    },
                 )
                 return ended("success")
             if 200 <= status < 300:
