@@ -16,20 +16,22 @@ requests in flight finish, and exits; `graceful_timeout` bounds it.
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 import signal
 from types import FrameType
 from typing import Any
 
 from taskforge import metrics
+from taskforge.api.server import ServerSettings
 
-# The server's own settings (README, Configuration) are read here and nowhere else.
-bind = os.environ.get("TASKFORGE_BIND", "0.0.0.0:8080")
+# The server's own settings (README, Configuration) as `run_api` reads them:
+# taskforge.api.server is their one reader, with their one default each.
+_server = ServerSettings.from_environ()
+bind = _server.bind
 worker_class = "gthread"
-workers = int(os.environ.get("TASKFORGE_WEB_WORKERS", multiprocessing.cpu_count()))
-# Idle long polls cost a thread each (no CPU); size for the workers you run.
-threads = int(os.environ.get("TASKFORGE_WEB_THREADS", 32))
+workers = _server.workers
+# Idle long polls cost a thread each (no CPU); threads start as needed.
+threads = _server.threads
 # A long poll lasts at most 30 s; past 60 s a request is stuck, not waiting.
 timeout = 60
 # Stopping: waiting long polls end within 1 s, other requests are short.

@@ -36,8 +36,8 @@ ALLOWED_HOSTS = env("ALLOWED_HOSTS")
 # TaskForge's tunables. Code reads them through `taskforge.conf.conf` at call
 # time (`conf.BUFFER_SIZE`), so tests can change them with the `settings` fixture;
 # conf lists the same names and types, and a test keeps the two in step.
-# gunicorn's TASKFORGE_BIND, _WEB_WORKERS and _WEB_THREADS are read in
-# gunicorn.conf.py only: the gunicorn master reads them before it loads Django.
+# The server's TASKFORGE_BIND, _WEB_WORKERS, _WEB_THREADS and timeouts are read by
+# taskforge.api.server only (run_api and gunicorn.conf.py): before Django loads.
 TASKFORGE_MAX_REQUEST_BYTES: int = env.int("TASKFORGE_MAX_REQUEST_BYTES", default=10_485_760)
 TASKFORGE_MAX_PAYLOAD_BYTES: int = env.int("TASKFORGE_MAX_PAYLOAD_BYTES", default=262_144)
 TASKFORGE_RETRY_BASE_MS: int = env.int("TASKFORGE_RETRY_BASE_MS", default=1000)

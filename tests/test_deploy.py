@@ -44,7 +44,7 @@ def setting_names() -> set[str]:
     env_block = re.search(r"environ\.FileAwareEnv\((.*?)\n\)", settings_src, re.S)
     assert env_block is not None
     names |= set(re.findall(r"^\s*([A-Z_][A-Z0-9_]*)=", env_block.group(1), re.M))
-    for path in (ROOT / "gunicorn.conf.py", ROOT / "taskforge" / "metrics.py"):
+    for path in (ROOT / "taskforge" / "api" / "server.py", ROOT / "taskforge" / "metrics.py"):
         names |= set(
             re.findall(r"os\.environ(?:\.get\(|\[)\s*\"([A-Z_][A-Z0-9_]*)\"", path.read_text())
         )
@@ -316,3 +316,29 @@ def test_gunicorn_config__workers_freeze_startup_objects() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "True (10000, 10, 10)"
+
+
+def test_gunicorn_config__reads_the_server_settings_of_run_api() -> None:
+    """One reader, one default: gunicorn's bind, processes and threads are run_api's."""
+    code = (
+        "from gunicorn.app.wsgiapp import WSGIApplication\n"
+        "from gunicorn.config import Config\n"
+        "from taskforge.api.server import ServerSettings\n"
+        "app = WSGIApplication.__new__(WSGIApplication)\n"
+        "app.cfg = Config()\n"
+        "app.load_config_from_file('gunicorn.conf.py')\n"
+        "s = ServerSettings.from_environ()\n"
+        "c = app.cfg\n"
+        "print(c.bind == [s.bind], c.workers == s.workers, c.threads, s.threads)\n"
+    )
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("TASKFORGE_BIND", "TASKFORGE_WEB_"))
+    }
+    env["DJANGO_SETTINGS_MODULE"] = "taskforge.settings"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "True True 1024 1024"

@@ -2,7 +2,8 @@
 
 granian serves `taskforge.rsgi:application` (Django behind
 `taskforge.api.bridge`) in `workers` processes.  The server's settings are
-read here and nowhere else (README, Configuration):
+read here and nowhere else, for `run_api` and for `gunicorn.conf.py` alike
+(README, Configuration):
 
 - TASKFORGE_BIND (`0.0.0.0:8080`), TASKFORGE_WEB_WORKERS (number of cores);
 - TASKFORGE_WEB_THREADS (1024): the thread pool of each process; a waiting
@@ -50,6 +51,7 @@ _GRANIAN_LOGGING: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class ServerSettings:
+    bind: str
     host: str
     port: int
     workers: int
@@ -59,17 +61,17 @@ class ServerSettings:
 
     @classmethod
     def from_environ(cls) -> ServerSettings:
-        env = os.environ
-        bind = env.get("TASKFORGE_BIND", "0.0.0.0:8080")  # nosec B104 - as above
+        bind = os.environ.get("TASKFORGE_BIND", "0.0.0.0:8080")  # nosec B104 - as above
         host, _, port = bind.rpartition(":")
         return cls(
+            bind=bind,
             # All interfaces: the documented default of TASKFORGE_BIND (a container's port).
             host=host.strip("[]") or "0.0.0.0",  # nosec B104
             port=int(port),
-            workers=int(env.get("TASKFORGE_WEB_WORKERS", multiprocessing.cpu_count())),
-            threads=int(env.get("TASKFORGE_WEB_THREADS", 1024)),
-            header_timeout=float(env.get("TASKFORGE_HEADER_TIMEOUT_SECONDS", 10)),
-            body_timeout=float(env.get("TASKFORGE_BODY_TIMEOUT_SECONDS", 30)),
+            workers=int(os.environ.get("TASKFORGE_WEB_WORKERS", multiprocessing.cpu_count())),
+            threads=int(os.environ.get("TASKFORGE_WEB_THREADS", 1024)),
+            header_timeout=float(os.environ.get("TASKFORGE_HEADER_TIMEOUT_SECONDS", 10)),
+            body_timeout=float(os.environ.get("TASKFORGE_BODY_TIMEOUT_SECONDS", 30)),
         )
 
 
