@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from taskforge_client.errors import ConnectionFailed, Invalid, ServerError
-from taskforge_client.models import BatchResult, Task
+from taskforge_client.models import BatchResult, Task, TaskSpec
 
 log = logging.getLogger("taskforge_client.batching")
 
@@ -164,8 +164,6 @@ class EnqueueBatcher(_Coalescer):
         super().__init__("taskforge-enqueue-batcher", linger, min(max_batch, 1000))
 
     def enqueue(self, queue: str, payload: Any, **options: Any) -> Task:
-        from taskforge_client.client import TaskSpec
-
         spec = TaskSpec(payload, **options)
         spec.body()  # a spec the API would refuse fails here, in the caller's thread
         task: Task = self.submit(queue, spec)

@@ -31,8 +31,9 @@ import os
 import sys
 from typing import Any
 
-from taskforge_client.client import TaskForge, key_in_argv_warning
+from taskforge_client.client import TaskForge
 from taskforge_client.errors import TaskForgeError
+from taskforge_client.http import key_in_argv_warning
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""Typed results of the TaskForge API (dataclasses; times are aware `datetime`s in UTC).
+"""Typed results of the TaskForge API (dataclasses; times are aware `datetime`s in UTC),
+and `TaskSpec`, one task of an enqueue.
 
 Each object keeps the answer it was built from in `raw` (handy for JSON output); fields
 the server adds later are ignored rather than rejected.
@@ -7,8 +8,50 @@ the server adds later are ignored rather than rejected.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+
+def format_time(value: datetime) -> str:
+    """An aware datetime as the API wants it: ISO 8601 in UTC with `Z`."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("times must be timezone-aware (e.g. datetime.now(UTC))")
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def as_seconds(value: float | timedelta) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of a batch enqueue; the fields are those of `TaskForge.enqueue`."""
+
+    payload: Any
+    priority: int | None = None
+    delay: float | timedelta | None = None
+    at: datetime | None = None
+    idempotency_key: str | None = None
+    max_retries: int | None = None
+
+    def body(self) -> dict[str, Any]:
+        """The enqueue body of API.md."""
+        if self.payload is None:
+            raise ValueError("payload must not be None (the API refuses null)")
+        if self.delay is not None and self.at is not None:
+            raise ValueError("give at most one of delay and at")
+        body: dict[str, Any] = {"payload": self.payload}
+        if self.priority is not None:
+            body["priority"] = self.priority
+        if self.delay is not None:
+            body["delay_seconds"] = as_seconds(self.delay)
+        if self.at is not None:
+            body["scheduled_at"] = format_time(self.at)
+        if self.idempotency_key is not None:
+            body["idempotency_key"] = self.idempotency_key
+        if self.max_retries is not None:
+            body["max_retries"] = self.max_retries
+        return body
 
 
 def parse_time(value: Any) -> datetime | None:
