@@ -67,7 +67,7 @@ class Statement:
     off: tuple[str, ...] = ()
 
 
-# Columns of tasks_task selected back into Task instances (transitions._run).
+# Columns of tasks_task selected back into Task instances (tasks.rows.run_statement).
 TASK_COLUMNS = """
     t.id, t.queue_id, t.payload, t.status, t.priority, t.scheduled_at, t.claimed_at,
     t.claimed_by, t.claimed_key_id, t.heartbeat_at, t.attempts, t.max_retries, t.last_error,

@@ -23,26 +23,23 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from queues import lookup
 from queues.models import Queue
 from queues.notify import wake_dispatchers, wake_scheduler
-from taskforge import metrics
 from taskforge.lib import internals, jsonutil, pg
-from taskforge.lib import logging as json_logging
-from taskforge.lib.ids import uuid7
-from taskforge.lib.logging import JSON_LINES
 from tasks import concurrency, dlqdepth, signals, sql
+from tasks import transitionlog as tlog
 from tasks.exceptions import InvalidTransition
 from tasks.lifecycle import FINISHED, Edge
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.retry import next_attempt_at
+from tasks.rows import ATTNAMES, run_statement, stored_task
+from tasks.rows import NewTask as NewTask  # what `create` takes, named here for its callers
 
 logger = logging.getLogger("taskforge.transitions")
 
@@ -74,18 +71,6 @@ _CANCEL: frozenset[Edge] = frozenset((s, S.CANCELLED) for s in (S.PENDING, S.CLA
 _REPLAY: frozenset[Edge] = frozenset({(S.DEAD, S.PENDING)})
 
 
-@dataclass(frozen=True, slots=True)
-class NewTask:
-    """What a new task is made of; `create` gives it its id and its first status."""
-
-    queue: Queue
-    payload: Any
-    priority: int
-    scheduled_at: datetime
-    max_retries: int
-    idempotency_key: str | None = None
-
-
 @verb(sql.CREATE.edges)
 def create(
     new: Sequence[NewTask],
@@ -113,9 +98,11 @@ def create(
             queue is gone.
     """
     now = now or timezone.now()
-    build = internals.builder(Task, _ATTNAMES)
+    build = internals.builder(Task, ATTNAMES)
     stored = [
-        _stored(build, item, S.CLAIMED if buffer and item.scheduled_at <= now else S.PENDING, now)
+        stored_task(
+            build, item, S.CLAIMED if buffer and item.scheduled_at <= now else S.PENDING, now
+        )
         for item in new
     ]
     by_queue: dict[Any, list[Task]] = {}
@@ -140,15 +127,15 @@ def create(
                     "wake_at": _earliest_later(group, now),
                 },
             )
-    created = [_line(t.pk, t.queue.name, None, None, S.PENDING, 0, None) for t in stored]
+    created = [tlog.line(t.pk, t.queue.name, None, None, S.PENDING, 0, None) for t in stored]
     moved = [
-        _line(t.pk, t.queue.name, None, S.PENDING, S.CLAIMED, 0, timedelta(0))
+        tlog.line(t.pk, t.queue.name, None, S.PENDING, S.CLAIMED, 0, timedelta(0))
         for t in stored
         if t.status == S.CLAIMED
     ]
-    transaction.on_commit(lambda: _log("task.created", created))
+    transaction.on_commit(lambda: tlog.log("task.created", created))
     if moved:
-        transaction.on_commit(lambda: _log("task.buffered", moved))
+        transaction.on_commit(lambda: tlog.log("task.buffered", moved))
     return stored
 
 
@@ -156,34 +143,6 @@ def _earliest_later(tasks: Sequence[Task], now: datetime) -> str | None:
     """Unix seconds of the earliest task due after `now`, for the schedulers' wake-up."""
     later = [task.scheduled_at for task in tasks if task.scheduled_at > now]
     return f"{min(later).timestamp():.6f}" if later else None
-
-
-# Task.queue, which the tasks built here get through internals.cache_related.
-_QUEUE = Task._meta.get_field("queue")
-
-# Task's fields in from_db order, and where create() puts each value.
-_ATTNAMES = [field.attname for field in Task._meta.concrete_fields]
-_AT = {name: index for index, name in enumerate(_ATTNAMES)}
-
-
-def _stored(build: Callable[[list[Any]], Task], item: NewTask, status: str, now: datetime) -> Task:
-    """The row the CREATE statement writes for `item`, as a query would load it
-    (`build`: internals.builder of _ATTNAMES)."""
-    values: list[Any] = [None] * len(_ATTNAMES)
-    values[_AT["id"]] = uuid7()
-    values[_AT["queue_id"]] = item.queue.pk
-    values[_AT["payload"]] = item.payload
-    values[_AT["status"]] = status
-    values[_AT["priority"]] = item.priority
-    values[_AT["scheduled_at"]] = item.scheduled_at
-    values[_AT["attempts"]] = 0
-    values[_AT["max_retries"]] = item.max_retries
-    values[_AT["idempotency_key"]] = item.idempotency_key
-    values[_AT["created_at"]] = values[_AT["updated_at"]] = now
-    values[_AT["status_changed_at"]] = now
-    task = build(values)
-    internals.cache_related(_QUEUE, task, item.queue)
-    return task
 
 
 @verb(sql.BUFFER_DUE.edges)
@@ -206,10 +165,10 @@ def buffer_due(
         )
         rows = cursor.fetchall()
     lines = [
-        _line(task_id, queue.name, None, S.PENDING, S.CLAIMED, attempts, now - previous)
+        tlog.line(task_id, queue.name, None, S.PENDING, S.CLAIMED, attempts, now - previous)
         for task_id, _, _, attempts, previous in rows
     ]
-    transaction.on_commit(lambda: _log("task.buffered", lines))
+    transaction.on_commit(lambda: tlog.log("task.buffered", lines))
     return [
         (str(task_id), priority, scheduled_at) for task_id, priority, scheduled_at, _, _ in rows
     ]
@@ -266,10 +225,10 @@ def hand_out(
         "now": now,
         "lease_from": now + lease_grace if lease_grace else now,
     }
-    moved = _run(sql.HAND_OUT.text, params, queues)
+    moved = run_statement(sql.HAND_OUT.text, params, queues)
     order = {str(task_id): index for index, task_id in enumerate(ids)}
     moved.sort(key=lambda task: order[str(task.pk)])
-    _log_rows(moved, S.CLAIMED, event="handed_out", now=now, worker_id=worker_id)
+    tlog.log_rows(moved, S.CLAIMED, event="handed_out", now=now, worker_id=worker_id)
     return moved
 
 
@@ -304,8 +263,8 @@ def ack(
         "attempts": pg.array(item[1] for item in items),
         "results": pg.array(item[2] for item in items),
     }
-    moved = _run(sql.ACK_BRIEF_TEXT if brief else sql.ACK.text, params, queues)
-    _log_rows(moved, S.EXECUTING, event="acked", now=now, worker_id=worker_id)
+    moved = run_statement(sql.ACK_BRIEF_TEXT if brief else sql.ACK.text, params, queues)
+    tlog.log_rows(moved, S.EXECUTING, event="acked", now=now, worker_id=worker_id)
     concurrency.release_on_commit(moved)
     return moved
 
@@ -485,97 +444,6 @@ def _move(
         )
         for task, from_status in zip(tasks, from_statuses, strict=True)
     )
-    _log_on_commit(f"task.{event}", tasks, from_statuses, durations, worker_id)
+    tlog.log_on_commit(f"task.{event}", tasks, from_statuses, durations, worker_id)
     if to_status == S.PENDING:
         wake_dispatchers({task.queue_id for task in tasks if task.scheduled_at <= now})
-
-
-# Statement text -> the names of its result's columns.  psycopg's `description`
-# builds a Column object per column on every call (~20 per statement here: a
-# twentieth of a single-task claim's CPU); a statement's columns do not change.
-_column_names: dict[str, list[str]] = {}
-
-
-def _run(query: str, params: dict[str, Any], queues: dict[Any, Queue] | None) -> list[Task]:
-    """Run one of tasks.sql's statements and build Tasks from the rows it returns."""
-    with pg.cursor() as cursor:
-        cursor.execute(query, params)
-        names = _column_names.get(query)
-        if names is None or len(names) != cursor.cursor.pgresult.nfields:
-            names = _column_names[query] = [column.name for column in cursor.description]
-        rows = cursor.fetchall()
-    tasks = internals.instances_from_rows(Task, names, rows, using=DEFAULT_DB_ALIAS)
-    known: dict[Any, Queue] = dict(queues or {})
-    missing = {task.queue_id for task in tasks} - set(known)
-    if missing:
-        known.update(lookup.by_ids(missing))
-    for task in tasks:
-        internals.cache_related(_QUEUE, task, known[task.queue_id])
-    return tasks
-
-
-def _log_rows(
-    tasks: Sequence[Task], from_status: str, *, event: str, now: datetime, worker_id: str | None
-) -> None:
-    """Log lines for tasks moved by one SQL statement (it wrote their events)."""
-    _log_on_commit(
-        f"task.{event}",
-        tasks,
-        [from_status] * len(tasks),
-        # previous_changed_at: a column the statement returns beside the task's own.
-        [now - getattr(task, "previous_changed_at") for task in tasks],  # noqa: B009
-        worker_id,
-    )
-
-
-def _log_on_commit(
-    event: str,
-    tasks: Sequence[Task],
-    from_statuses: Sequence[str | None],
-    durations: Sequence[timedelta | None],
-    worker_id: str | None,
-) -> None:
-    lines = [
-        _line(
-            task.pk, task.queue.name, worker_id, from_status, task.status, task.attempts, duration
-        )
-        for task, from_status, duration in zip(tasks, from_statuses, durations, strict=True)
-    ]
-    transaction.on_commit(lambda: _log(event, lines))
-
-
-def _line(
-    task_id: Any,
-    queue: str,
-    worker_id: str | None,
-    from_status: str | None,
-    to_status: str,
-    attempt: int,
-    duration: timedelta | None,
-) -> dict[str, Any]:
-    """The fields of a transition's JSON log line (API.md, Operations)."""
-    return {
-        "task_id": str(task_id),
-        "queue": queue,
-        "worker_id": worker_id,
-        "from_status": from_status,
-        "to_status": to_status,
-        "attempt": attempt,
-        "duration_ms": None if duration is None else round(duration.total_seconds() * 1000, 3),
-    }
-
-
-def _log(event: str, lines: list[dict[str, Any]]) -> None:
-    """The JSON log lines of one committed statement, and its metrics.
-
-    A statement of several tasks (a batch enqueue, a claim of 100, an ack
-    batch, a dispatcher pass) logs one record that carries every line
-    (`JSON_LINES`): taskforge.lib.logging.JsonFormatter writes it as one JSON
-    line per transition, as it writes the record of a single task.  A record
-    per task cost more than the statement itself for a batch (py-spy).
-    """
-    if len(lines) == 1:
-        json_logging.info(logger, event, lines[0])
-    elif lines:
-        json_logging.info(logger, event, {JSON_LINES: lines})
-    metrics.on_transitions(event, lines)

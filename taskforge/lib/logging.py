@@ -29,7 +29,7 @@ if _make_c_encoder is not None:
 
 
 # A record whose `extra` holds this key, a list of dicts, is written as one JSON line
-# per dict (the transitions of one batch statement: tasks.transitions._log).
+# per dict (the transitions of one batch statement: tasks.transitionlog.log).
 JSON_LINES = "_json_lines"
 
 # (unix second, its "YYYY-MM-DDTHH:MM:SS"): lines of the same second share it.
