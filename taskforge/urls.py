@@ -6,8 +6,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from dashboard import metrics as metrics_views
 from dlq.api import views as dlq_views
+from taskforge.api import audit as audit_views
 from taskforge.api import health
-from taskforge.audit import api as audit_views
 from tasks.api import queues as queue_views
 from tasks.api import schedules as schedule_views
 from tasks.api import views as task_views

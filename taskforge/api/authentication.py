@@ -13,6 +13,7 @@ from rest_framework.request import Request
 
 from taskforge.api import revocation
 from taskforge.api.models import ApiKey, hash_key
+from taskforge.audit.log import Actor
 from taskforge.lib.ttlcache import TTLCache
 
 # last_used_at is for operators ("is this key still used?"); writing it on
@@ -61,6 +62,11 @@ class ApiPrincipal:
     def __init__(self, key: ApiKey) -> None:
         self.key = key
         self.role = key.role
+
+    @property
+    def audit_actor(self) -> Actor:
+        """Who acts in the audit log (taskforge.audit.log.of_request)."""
+        return Actor.api_key(self.key.name)
 
     def __str__(self) -> str:
         return f"apikey:{self.key.name}"

@@ -14,7 +14,6 @@ from typing import Any
 
 from django.db import connection
 
-from taskforge.api.authentication import ApiPrincipal
 from taskforge.audit.models import Action, ActorKind, AuditEntry
 
 
@@ -46,8 +45,10 @@ def of_request(request: Any) -> Actor:
         ValueError: the request has neither (a view that acts must require one).
     """
     user = getattr(request, "user", None)
-    if isinstance(user, ApiPrincipal):
-        return Actor.api_key(user.key.name)
+    # An API key's principal names its own actor (taskforge.api.authentication).
+    actor = getattr(user, "audit_actor", None)
+    if isinstance(actor, Actor):
+        return actor
     if user is not None and user.is_authenticated:
         return Actor.user(user.get_username())
     raise ValueError("an operator action needs an API key or a signed-in user")
