@@ -80,7 +80,7 @@ def main() -> int:
                     "worker_id": "explain",
                     "key_id": None,
                     "now": now,
-                    "lease_from": now,
+                    "push": False,
                 },
             ),
             (
@@ -91,7 +91,7 @@ def main() -> int:
                     "worker_id": "explain",
                     "key_id": None,
                     "now": now,
-                    "lease_from": now,
+                    "push": False,
                 },
             ),
             (

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from queues.notify import DISPATCH_CHANNEL, SCHEDULER_CHANNEL
+from queues.push import DEFAULT_TIMEOUT_SECONDS
 from tasks.lifecycle import Edge
 
 # The lease holder is worker_id *and* the claiming key (API.md v1.1): a guard
@@ -160,10 +161,17 @@ ORDER BY priority, scheduled_at, id
 # (tasks.events).  Ids no
 # longer `claimed` (cancelled, or handed out through a duplicate buffer
 # entry) are skipped: the status guard is the fence; so are ids of a queue
-# paused meanwhile (the claim puts those back).  Params: ids (uuid[]),
-# worker_id, key_id (the claiming API key's pk, or NULL), now, lease_from
-# (the lease runs the heartbeat timeout from then: `now` for a claim, later
-# for a push process, which does not heartbeat).
+# paused meanwhile, or whose delivery changed meanwhile (a push queue's
+# tasks go to push processes only, a pulled queue's to claims only; the
+# caller puts those back).  Params: ids (uuid[]), worker_id, key_id (the
+# claiming API key's pk, or NULL), now, push (the caller is a push process).
+#
+# The lease runs the heartbeat timeout from `now`, and for a push process,
+# which does not heartbeat, from the target's timeout_seconds later.  Each
+# row returns its queue's push target as this statement read it
+# (`push_target`, JSON text; NULL for a claim): a push process sends the task
+# there, so a change of target committed before the hand-out applies to it
+# (API.md: "applies to tasks not yet handed out"), and the lease matches it.
 #
 # Its transaction commits without waiting for its WAL to reach the disk
 # (synchronous_commit off for it alone, read at commit): a hand-out lost in a
@@ -179,23 +187,24 @@ HAND_OUT = Statement(
 WITH no_flush_wait AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), cur AS (
-    SELECT id, status_changed_at FROM tasks_task
-    WHERE id = ANY(%(ids)s::uuid[]) AND {by_id_with_status("tasks_task", "claimed")}
-      -- A queue paused after the claim read it hands out nothing.
-      AND NOT EXISTS (
-          SELECT 1 FROM queues_queue q WHERE q.id = tasks_task.queue_id AND q.paused
-      )
-    ORDER BY id
-    FOR NO KEY UPDATE
+    SELECT tasks_task.id, tasks_task.status_changed_at, q.push
+    FROM tasks_task JOIN queues_queue q ON q.id = tasks_task.queue_id
+    WHERE tasks_task.id = ANY(%(ids)s::uuid[]) AND {by_id_with_status("tasks_task", "claimed")}
+      AND NOT q.paused AND (q.push IS NOT NULL) = %(push)s::boolean
+    ORDER BY tasks_task.id
+    FOR NO KEY UPDATE OF tasks_task
 ), moved AS (
     UPDATE tasks_task t
     SET status = 'executing', attempts = t.attempts + 1, claimed_by = %(worker_id)s,
         claimed_key_id = %(key_id)s,
-        claimed_at = %(now)s, heartbeat_at = %(lease_from)s, updated_at = %(now)s,
-        status_changed_at = %(now)s
+        claimed_at = %(now)s, updated_at = %(now)s, status_changed_at = %(now)s,
+        heartbeat_at = %(now)s::timestamptz + make_interval(secs => CASE WHEN %(push)s::boolean
+            THEN coalesce((cur.push->>'timeout_seconds')::int, {DEFAULT_TIMEOUT_SECONDS})
+            ELSE 0 END)
     FROM cur
     WHERE t.id = cur.id AND {by_id_with_status("t", "claimed")}
-    RETURNING {TASK_COLUMNS}, cur.status_changed_at AS previous_changed_at
+    RETURNING {TASK_COLUMNS}, cur.status_changed_at AS previous_changed_at,
+        cur.push::text AS push_target
 )
 SELECT moved.* FROM moved, no_flush_wait
 """,  # nosec B608

@@ -202,18 +202,21 @@ def hand_out(
     key_id: int | None = None,
     queues: dict[Any, Queue] | None = None,
     now: datetime | None = None,
-    lease_grace: timedelta | None = None,
+    push: bool = False,
 ) -> list[Task]:
     """claimed -> executing for buffered ids a claim popped, in one statement.
 
-    The attempt counts up and the lease starts now, or `lease_grace` later
-    (a push process: its request may take that long, and it does not
-    heartbeat; `heartbeat_at` is then in the future).  Ids that are no longer
-    `claimed` are skipped (the status guard is the fence against duplicates
-    in the buffer), and so are ids of a paused queue.  Returns the handed-out
-    tasks in the order of `ids`.  The lease is held by `worker_id` with the
-    API key `key_id`.  Caller contract: autocommit or inside `atomic()`;
-    `queues` maps queue ids to queues (for names in log lines).
+    The attempt counts up and the lease starts now.  For a push process
+    (`push`), which does not heartbeat, it starts the target's
+    `timeout_seconds` later (`heartbeat_at` is then in the future), and each
+    task's `push_target` is its queue's target as the statement read it (JSON
+    text): where to send it.  Ids that are no longer `claimed` are skipped
+    (the status guard is the fence against duplicates in the buffer), and so
+    are ids of a paused queue, and of a queue whose delivery is not the
+    caller's (a push queue's for a claim, a pulled one's for a push process).
+    Returns the handed-out tasks in the order of `ids`.  The lease is held by
+    `worker_id` with the API key `key_id`.  Caller contract: autocommit or
+    inside `atomic()`; `queues` maps queue ids to queues (for names in log lines).
     """
     if not ids:
         return []
@@ -223,7 +226,7 @@ def hand_out(
         "worker_id": worker_id,
         "key_id": key_id,
         "now": now,
-        "lease_from": now + lease_grace if lease_grace else now,
+        "push": push,
     }
     moved = run_statement(sql.HAND_OUT.text, params, queues)
     order = {str(task_id): index for index, task_id in enumerate(ids)}

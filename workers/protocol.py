@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -35,7 +35,6 @@ from django.utils import timezone
 from queues import lookup
 from queues.exceptions import UnknownQueue
 from queues.models import Queue
-from queues.push import target_of as push_target_of
 from taskforge.api import revocation
 from taskforge.lib import jsonutil, pg, stopping
 from tasks import concurrency, transitions
@@ -187,8 +186,10 @@ def take(
     Hands out up to `max_tasks` to `worker_id` (with the key `key_id`).  A
     claim (`push` False) skips push queues as if they were empty; a push
     process (`push` True) takes from push queues only, and its lease runs
-    the target's timeout longer (it does not heartbeat).  Adds to `paused`
-    the queues it finds paused meanwhile.
+    the target's timeout longer (it does not heartbeat); each task it gets
+    carries the target to send it to (`push_target`, read by the hand-out).
+    Adds to `paused` the queues it finds paused meanwhile (or no longer of
+    the caller's kind: pushed for a claim, pulled for a push process).
     """
     buffer = get_buffer()
     by_id = {queue.id: queue for queue in queues}
@@ -198,7 +199,6 @@ def take(
     for queue in queues:
         if queue.id in paused or queue.is_push != push:
             continue
-        grace = _push_grace(queue) if push else None
         rounds = 0
         while rounds < _POP_ROUNDS:
             want = max_tasks - len(handed)
@@ -222,7 +222,7 @@ def take(
                     key_id=key_id,
                     queues=by_id,
                     now=timezone.now(),
-                    lease_grace=grace,
+                    push=push,
                 )
             except Exception:
                 # Postgres failed after the pop: put the ids back (they are
@@ -234,8 +234,9 @@ def take(
             handed += moved
             if len(moved) == len(taken.ids):
                 break
-            # Cancelled ids are gone for good; ids of a queue paused meanwhile
-            # are still claimed and go back for the dispatcher to drain.
+            # Cancelled ids are gone for good; ids of a queue paused (or turned
+            # to the other kind of delivery) meanwhile are still claimed and go
+            # back, for the dispatcher to drain or the right taker to take.
             moved_ids = {str(task.pk) for task in moved}
             unmoved = [i for i in taken.ids if i not in moved_ids]
             put_back = _put_back(queue, unmoved)
@@ -250,12 +251,6 @@ def take(
             # look, up to QUIET_LOOK_SECONDS later for a waiting claim.
             rounds += bool(moved)
     return handed, retry_in
-
-
-def _push_grace(queue: Queue) -> timedelta:
-    """How much longer than a worker's a push process's lease lasts (API.md)."""
-    target = push_target_of(queue.push)
-    return timedelta(seconds=target.timeout_seconds if target else 0)
 
 
 def _release_connection() -> None:

@@ -67,7 +67,8 @@ ERROR_EXCERPT_CHARS = 500
 # Tasks taken per queue per pass, at most (the in-flight room bounds it too).
 TAKE_BATCH = 100
 # The feeder looks again at least this often without a wake-up, and re-reads
-# the push queues (a new one, a pause, a changed target) as often.
+# the push queues (a new one, a pause, a new rate limit) as often; the target a
+# task is sent to is read when it is handed out.
 LOOK_SECONDS = 1.0
 # When full, the feeder waits at most this long after a request ended to take
 # the room of several at once (or a tenth of the capacity, whichever comes first).
@@ -504,9 +505,15 @@ class PushLoop(Loop):
             push=True,
         )
         if tasks:
-            # Each queue's target is parsed once per pass, not once per task.
-            targets = {queue.id: push.target_of(queue.push) for queue in ordered}
-            self.sender.send([_job(task, targets[task.queue_id]) for task in tasks])
+            # Each task goes where its queue's target was when it was handed
+            # out (a column the hand-out returns), not where this process's
+            # copy of the queue, read up to LOOK_SECONDS ago, says.  Each
+            # target is parsed once per pass.
+            texts = [getattr(task, "push_target") for task in tasks]  # noqa: B009
+            targets = {text: push.target_of(jsonutil.loads(text.encode())) for text in set(texts)}
+            self.sender.send(
+                [_job(task, targets[text]) for task, text in zip(tasks, texts, strict=True)]
+            )
         return len(tasks), retry_in
 
     def on_shutdown(self) -> None:
@@ -522,8 +529,7 @@ class PushLoop(Loop):
 
 
 def _job(task: Task, target: push.PushTarget | None) -> Job:
-    # The task's queue is one this pass took from: a push queue.
-    assert target is not None  # take(push=True) takes from push queues only
+    assert target is not None  # take(push=True) hands out push queues' tasks only
     return Job(
         task_id=str(task.pk),
         queue=task.queue.name,

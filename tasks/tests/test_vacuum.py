@@ -124,10 +124,10 @@ def _hand_out_plan(task_id: str) -> str:
             ["SET status = 'executing', attempts = t.attempts + 1"],
         )
         (name,) = cursor.fetchone()
-        # Its parameters, in the order they first appear: ids, worker_id, key_id,
-        # now, lease_from (tasks.sql.HAND_OUT).
+        # Its parameters, in the order they first appear: ids, push, worker_id,
+        # key_id, now (tasks.sql.HAND_OUT).
         cursor.execute(
-            f"EXPLAIN EXECUTE {name}(ARRAY[%s]::uuid[], 'w', NULL, now(), now())", [task_id]
+            f"EXPLAIN EXECUTE {name}(ARRAY[%s]::uuid[], false, 'w', NULL, now())", [task_id]
         )
         return "\n".join(row[0] for row in cursor.fetchall())
 
