@@ -1151,6 +1151,8 @@ class Bench:
             env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
         env.setdefault("SECRET_KEY", uuid.uuid4().hex + uuid.uuid4().hex)
         env.setdefault("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+        # The push phase's target listens on 127.0.0.1 (blocked by default).
+        env.setdefault("TASKFORGE_PUSH_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")
         env.pop("PORT", None)
         self.env = env
         python = sys.executable

@@ -16,6 +16,9 @@ from devservices.processes import run_child
 logger = logging.getLogger(__name__)
 
 DEFAULT_ALLOWED_HOSTS = "localhost,127.0.0.1,[::1]"
+# Push requests may go to loopback in local runs, for a demo target on this machine
+# (TaskForge's own default blocks it; production settings never allow it).
+LOCAL_PUSH_ALLOWED_NETWORKS = "127.0.0.0/8,::1/128"
 ADMIN_KEY_NAME = "local-admin"
 
 
@@ -33,12 +36,15 @@ def _secret_key(layout: Layout | None) -> str:
 
 
 def app_defaults(env: dict[str, str], layout: Layout | None) -> dict[str, str]:
-    """Fill in SECRET_KEY and ALLOWED_HOSTS when unset; return what was added."""
+    """Fill in SECRET_KEY, ALLOWED_HOSTS and TASKFORGE_PUSH_ALLOWED_NETWORKS when unset;
+    return what was added."""
     added: dict[str, str] = {}
     if not env.get("SECRET_KEY"):
         added["SECRET_KEY"] = _secret_key(layout)
     if "ALLOWED_HOSTS" not in env:
         added["ALLOWED_HOSTS"] = DEFAULT_ALLOWED_HOSTS
+    if "TASKFORGE_PUSH_ALLOWED_NETWORKS" not in env:
+        added["TASKFORGE_PUSH_ALLOWED_NETWORKS"] = LOCAL_PUSH_ALLOWED_NETWORKS
     env.update(added)
     return added
 

@@ -8,6 +8,13 @@ admin, `createqueue` and the pusher agree, and what of it anyone but an admin
 key may see (`redacted`, `unredacted`, `scrubbed`: API.md v1.2 "Secrets in push
 settings").
 
+Where a request may go (API.md "Security (v1.2)"): never to an address in
+TASKFORGE_PUSH_BLOCKED_NETWORKS unless it is in TASKFORGE_PUSH_ALLOWED_NETWORKS
+(`address_allowed`).  Where a URL is set, `check_url` refuses one whose host
+is a literal address so blocked; at delivery the sender checks the address it
+connects to (`workers.destinations`).  Both are functions of a URL or an
+address, not of a queue, so a task's own target can be checked the same way.
+
 The signature a receiver verifies: `TaskForge-Signature: t=<unix seconds>,
 v1=<hex HMAC-SHA256 of "<t>.<body bytes>">` keyed with
 TASKFORGE_PUSH_SIGNING_SECRET (`signature`; receivers check it with the SDK's
@@ -18,10 +25,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
+
+from yarl import URL
+
+from taskforge.conf import conf
+from taskforge.lib import netblocks
 
 DEFAULT_TIMEOUT_SECONDS = 30
 MAX_TIMEOUT_SECONDS = 1800
@@ -57,11 +71,18 @@ SIGNATURE_HEADER = "TaskForge-Signature"
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # Control characters a field value may not hold (HTAB is allowed).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# A part of a host in a numeric IPv4 form (decimal, octal 0..., hex 0x...), as
+# URL parsers and the C library read it ("ends in a number": WHATWG URL 3.5).
+_NUMBER = re.compile(r"0[xX][0-9a-fA-F]*|[0-9]+")
 _FIELDS = frozenset({"url", "timeout_seconds", "headers"})
 
 
 class InvalidPush(ValueError):
     """A push target TaskForge refuses; the message says why, for a person."""
+
+
+class DestinationNotAllowed(InvalidPush):
+    """A push URL whose host is an address push requests may not reach."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,18 +112,127 @@ def parse(value: Any) -> PushTarget:
         raise InvalidPush(f"Unknown field {unknown[0]!r}.")
     if "url" not in value:
         raise InvalidPush("'url' is required.")
+    return _target(value, check_url(value["url"]))
+
+
+def target_of(stored: Any) -> PushTarget | None:
+    """The target of a queue's stored `push` value (None: the queue is pulled).
+
+    The URL is taken as stored, its destination not judged: the rules or the
+    settings may have changed since it was set, and the sender checks the
+    address it connects to anyway.
+    """
+    if stored is None:
+        return None
+    return _target(stored, str(stored["url"]))
+
+
+def _target(value: dict[str, Any], url: str) -> PushTarget:
     return PushTarget(
-        url=_url(value["url"]),
+        url=url,
         timeout_seconds=_timeout(value.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)),
         headers=_headers(value.get("headers", {})),
     )
 
 
-def target_of(stored: Any) -> PushTarget | None:
-    """The target of a queue's stored `push` value (None: the queue is pulled)."""
-    if stored is None:
+def check_url(value: Any) -> str:
+    """A push URL as given, if TaskForge may send requests to it (where a URL is set).
+
+    Besides its form: a host that is a literal address (`10.0.0.5`,
+    `[fd00::5]`) must be one `address_allowed` allows; a host in another
+    numeric IPv4 form (`2130706433`, `0x7f000001`, `0177.0.0.1`, `127.1`) is
+    refused, naming the address it stands for.  A host name is judged at
+    each delivery, by the address it resolves to then.
+
+    Raises:
+        InvalidPush: not an http(s) URL with a host, or one with spaces or
+            control characters.
+        DestinationNotAllowed: its host is a blocked address.
+    """
+    url = _url(value)
+    host = _host(url)
+    ip = _literal_address(host)
+    if ip is not None and not address_allowed(ip):
+        raise DestinationNotAllowed(
+            f"'url': push requests may not be sent to {ip} "
+            "(TASKFORGE_PUSH_BLOCKED_NETWORKS; TASKFORGE_PUSH_ALLOWED_NETWORKS allows exceptions)."
+        )
+    return url
+
+
+def address_allowed(address: str | netblocks.Address) -> bool:
+    """Whether a push request may connect to `address`: not in a blocked network,
+    or in an allowed one (each IPv4 network also in its IPv4-mapped IPv6 form).
+
+    Raises:
+        ValueError: `address` is not an IP address.
+    """
+    ip = netblocks.address(address)
+    if netblocks.within(ip, netblocks.parse(conf.PUSH_ALLOWED_NETWORKS)):
+        return True
+    return not netblocks.within(ip, netblocks.parse(conf.PUSH_BLOCKED_NETWORKS))
+
+
+def _host(url: str) -> str:
+    """The host a URL's request connects to, as the HTTP client reads it (IDNA applied:
+    full-width digits are read as the ASCII ones)."""
+    try:
+        host = URL(url).raw_host
+    except (ValueError, UnicodeError) as exc:
+        raise InvalidPush("'url' is not a valid URL.") from exc
+    if not host:
+        raise InvalidPush("'url' must name a host.")
+    return host
+
+
+def _literal_address(host: str) -> netblocks.Address | None:
+    """The address a host is literally (None: a name to resolve).
+
+    Raises:
+        InvalidPush: a numeric IPv4 form other than the dotted quad.
+    """
+    if ":" in host:
+        try:
+            return netblocks.address(host)
+        except ValueError as exc:
+            raise InvalidPush(f"'url': {host!r} is not an IPv6 address.") from exc
+    parts = host.split(".")
+    if len(parts) > 1 and not parts[-1]:
+        parts.pop()  # a trailing dot
+    if not _NUMBER.fullmatch(parts[-1]):
         return None
-    return parse(stored)
+    try:
+        return ipaddress.IPv4Address(host)
+    except ValueError:
+        pass
+    meant = _ipv4_number(parts)
+    raise InvalidPush(
+        f"'url': the host {host!r} is not an IPv4 address in dotted-quad form (a.b.c.d)"
+        + (f"; it would mean {meant}." if meant else ".")
+    )
+
+
+def _ipv4_number(parts: list[str]) -> ipaddress.IPv4Address | None:
+    """The address a legacy numeric IPv4 host names (`inet_aton`'s forms), or None."""
+    if len(parts) > 4 or not all(_NUMBER.fullmatch(part) for part in parts):
+        return None
+    numbers = []
+    for part in parts:
+        if part[:2].lower() == "0x":
+            numbers.append(int(part[2:] or "0", 16))
+        elif len(part) > 1 and part.startswith("0"):
+            if not set(part) <= set("01234567"):
+                return None
+            numbers.append(int(part, 8))
+        else:
+            numbers.append(int(part))
+    *head, last = numbers
+    if any(n > 255 for n in head) or last >= 256 ** (4 - len(head)):
+        return None
+    value = last
+    for index, n in enumerate(head):
+        value += n << (8 * (3 - index))
+    return ipaddress.IPv4Address(value)
 
 
 def _url(value: Any) -> str:
@@ -110,8 +240,10 @@ def _url(value: Any) -> str:
         raise InvalidPush("'url' must be an http or https URL.")
     if len(value) > MAX_URL_LENGTH:
         raise InvalidPush(f"'url' is longer than {MAX_URL_LENGTH} characters.")
-    if _CONTROL.search(value) or " " in value:
-        raise InvalidPush("'url' may not contain spaces or control characters.")
+    # A space, a tab or any control character (C0, DEL, C1), or other white space:
+    # URL parsers drop or split on them, so the URL sent would not be the one shown.
+    if any(char.isspace() or unicodedata.category(char) == "Cc" for char in value):
+        raise InvalidPush("'url' may not contain spaces, tabs or control characters.")
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 (raises ValueError for a port out of range)

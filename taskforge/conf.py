@@ -41,6 +41,8 @@ class _Conf:
     METRICS_TOKEN: str
     PUSH_SIGNING_SECRET: str
     PUSH_MAX_IN_FLIGHT: int
+    PUSH_BLOCKED_NETWORKS: str
+    PUSH_ALLOWED_NETWORKS: str
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not read since their setting last changed: the

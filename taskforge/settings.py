@@ -11,7 +11,9 @@ from pathlib import Path
 
 import django_stubs_ext
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
+from taskforge.lib import netblocks
 from taskforge.lib.logging import lean_records
 from taskforge.lib.redisconn import is_cluster
 
@@ -70,6 +72,26 @@ TASKFORGE_METRICS_TOKEN: str = env.str("TASKFORGE_METRICS_TOKEN", default="")
 # signature), and the requests one push process keeps in flight at once.
 TASKFORGE_PUSH_SIGNING_SECRET: str = env.str("TASKFORGE_PUSH_SIGNING_SECRET", default="")
 TASKFORGE_PUSH_MAX_IN_FLIGHT: int = env.int("TASKFORGE_PUSH_MAX_IN_FLIGHT", default=200)
+
+
+def _networks(name: str, default: str) -> str:
+    """A comma-separated list of CIDRs from the environment; a bad entry stops start-up."""
+    text: str = env.str(name, default=default)
+    try:
+        netblocks.parse(text)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+    return text
+
+
+# Where push requests may not go (queues.push.address_allowed): these networks,
+# each also in its IPv4-mapped IPv6 form, unless in the allowed ones (`make run`
+# allows loopback, for a target on the same machine; production never should).
+TASKFORGE_PUSH_BLOCKED_NETWORKS: str = _networks(
+    "TASKFORGE_PUSH_BLOCKED_NETWORKS",
+    "127.0.0.0/8,::1/128,0.0.0.0/8,::/128,169.254.0.0/16,fe80::/10,224.0.0.0/4,ff00::/8",
+)
+TASKFORGE_PUSH_ALLOWED_NETWORKS: str = _networks("TASKFORGE_PUSH_ALLOWED_NETWORKS", "")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -38,6 +38,8 @@ def service(tmp_path: Path, redis_client: Any) -> Iterator[Service]:
             "DATABASE_URL": database_url(connection.settings_dict),
             "REDIS_URL": settings.REDIS_URL,
             "SECRET_KEY": "push-faults-secret-key",
+            # The target listens on 127.0.0.1 (blocked by default).
+            "TASKFORGE_PUSH_ALLOWED_NETWORKS": "127.0.0.0/8",
         },
         extra_loops=("pusher",),
     )

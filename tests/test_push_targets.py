@@ -2,10 +2,16 @@
 
 - A PATCH of `push` applies to every task enqueued after it was answered
   (API.md "Queue": "applies to tasks not yet handed out").
+- A URL naming a blocked address, in any form, or holding a space, tab or
+  control character, is 400 `invalid` naming `push` (API.md "Security (v1.2)").
+- A bad TASKFORGE_PUSH_*_NETWORKS stops a process at start-up, saying why.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +27,8 @@ from tests.pushtarget import Target
 from tests.service import Api, Service, database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -82,3 +90,58 @@ def test_a_task_enqueued_after_a_push_patch_goes_to_the_new_target(service: Serv
             assert request.path == f"/v{n}"
             assert request.header("X-Target-Version") == str(n)
         service.assert_running()
+
+
+REFUSED_URLS = [
+    "http://169.254.169.254/latest/meta-data",
+    "http://[::ffff:169.254.169.254]/",
+    "http://0.0.0.0:8080/",
+    "http://[::]:8080/",
+    "http://[fe80::1]/",
+    "http://2130706433/",
+    "http://0x7f000001/",
+    "http://0177.0.0.1/",
+    "http://127.1/",
+    "http://a.example/a\tb",
+    "http://a.example/a b",
+    "http://a.example/\x7f",
+]
+
+
+def test_run_api__a_refused_push_url_is_400_naming_push(service: Service) -> None:
+    api = _admin(service)
+    api.ok("POST", "/queues", {"name": "good", "push": {"url": "http://127.0.0.1:9/"}})
+    for url in REFUSED_URLS:
+        status, body = api.call("POST", "/queues", {"name": "bad", "push": {"url": url}})
+        assert status == 400, (url, body)
+        assert body["error"]["code"] == "invalid", url
+        assert set(body["error"]["fields"]) == {"push"}, url
+        status, body = api.call("PATCH", "/queues/good", {"push": {"url": url}})
+        assert status == 400, (url, body)
+        assert body["error"]["code"] == "invalid", url
+        assert set(body["error"]["fields"]) == {"push"}, url
+    assert api.ok("GET", "/queues/good")["push"]["url"] == "http://127.0.0.1:9/"
+    status, _ = api.call("GET", "/queues/bad")
+    assert status == 404
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("TASKFORGE_PUSH_BLOCKED_NETWORKS", "127.0.0.0/8,10.0.0.1/8"),
+        ("TASKFORGE_PUSH_ALLOWED_NETWORKS", "localhost"),
+        ("TASKFORGE_PUSH_ALLOWED_NETWORKS", "127.0.0.0/33"),
+    ],
+)
+def test_a_bad_network_setting_stops_start_up(name: str, value: str) -> None:
+    env = {**os.environ, "SECRET_KEY": "x", name: value}
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert f"{name}: " in done.stderr and repr(value.split(",")[-1]) in done.stderr

@@ -54,7 +54,7 @@ from taskforge.lib.loop import Loop
 from tasks import transitions
 from tasks.models import Task
 from tasks.wakeup import waiters
-from workers import protocol
+from workers import destinations, protocol
 from workers.exceptions import LeaseLost
 
 logger = logging.getLogger("taskforge.pusher")
@@ -231,6 +231,9 @@ async def deliver(session: aiohttp.ClientSession, job: Job, *, secret: str) -> O
     except (aiohttp.ClientSSLError, aiohttp.ClientConnectorCertificateError) as exc:
         return ended("tls_error", f"TLS error: {_reason(exc)}")
     except aiohttp.ClientConnectorError as exc:
+        refused = destinations.refused_destination(exc)
+        if refused is not None:
+            return ended("connection_error", str(refused))
         return ended("connection_error", f"connection failed: {_reason(exc)}")
     except aiohttp.ServerDisconnectedError:
         return ended("connection_error", "connection closed by the target before it answered")
@@ -265,7 +268,8 @@ class Sender:
         ).result()
 
     async def _open(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=self.capacity, ttl_dns_cache=60)
+        # Only to addresses push requests may reach (workers.destinations).
+        connector, self._resolver = destinations.connector(self.capacity)
         return aiohttp.ClientSession(
             connector=connector,
             # Bodies and headers are ours; no cookies kept between tasks.
@@ -307,6 +311,7 @@ class Sender:
     def close(self) -> None:
         async def shut() -> None:
             await self._session.close()
+            await self._resolver.close()
 
         try:
             asyncio.run_coroutine_threadsafe(shut(), self._loop).result(timeout=1.0)

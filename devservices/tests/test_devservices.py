@@ -240,3 +240,19 @@ def test_run__with_both_urls_set_starts_nothing(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["postgres://u@db.invalid/x", "redis://r.invalid/1"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_run__lets_push_requests_reach_loopback_unless_told_otherwise(tmp_path: Path) -> None:
+    """`make run` allows a push target on this machine; TaskForge's own default blocks it."""
+    show = "import os; print(os.environ['TASKFORGE_PUSH_ALLOWED_NETWORKS'])"
+    urls = {"DATABASE_URL": "postgres://u@db.invalid/x", "REDIS_URL": "redis://r.invalid/1"}
+    run = ["run", "--throwaway", "--", sys.executable, "-c", show]
+
+    result = _devservices(tmp_path, *run, env=_env(tmp_path, **urls))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["127.0.0.0/8,::1/128"]
+
+    own = _env(tmp_path, **urls, TASKFORGE_PUSH_ALLOWED_NETWORKS="")
+    result = _devservices(tmp_path, *run, env=own)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == []

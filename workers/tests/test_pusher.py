@@ -40,6 +40,13 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(90)]
 S = TaskStatus
 
 
+@pytest.fixture(autouse=True)
+def loopback_allowed(settings: Any) -> None:
+    """The targets here listen on 127.0.0.1, where push requests may not go by default
+    (test_push_destinations.py keeps the default)."""
+    settings.TASKFORGE_PUSH_ALLOWED_NETWORKS = "127.0.0.0/8"
+
+
 @pytest.fixture
 def target(redis_client: Any) -> Iterator[Target]:
     with Target() as server:
