@@ -11,8 +11,9 @@ A push process is a worker that TaskForge runs itself.  Three threads:
   waits on the same Redis wake-ups as a long poll, so a due task is sent
   within milliseconds.
 - **The sender**: one asyncio event loop with one aiohttp session sends every
-  request (hundreds at once cost one thread), without following redirects,
-  and turns each answer into an `Outcome` (`outcome_of`).
+  request (hundreds at once cost one thread), each through
+  `workers.delivery.deliver` (the request, and what its answer means), on a
+  connector that reaches only allowed addresses (`workers.destinations`).
 - **The finisher**: records outcomes in Postgres.  2xx answers are acked in
   batches (one statement for all that ended meanwhile); failures go through
   the nack rule, one by one: `Retry-After` of a 429 or 503 instead of the
@@ -28,7 +29,6 @@ finish for a moment, records what ended, and leaves the rest to the lease.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import os
 import queue as queue_module
@@ -37,13 +37,9 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 
 import aiohttp
 from django.db import close_old_connections, connection
-from multidict import CIMultiDict
 
 from queues import push
 from queues.models import Queue
@@ -55,15 +51,11 @@ from tasks import transitions
 from tasks.models import Task
 from tasks.wakeup import waiters
 from workers import destinations, protocol
+from workers.delivery import Job, Outcome, deliver
 from workers.exceptions import LeaseLost
 
 logger = logging.getLogger("taskforge.pusher")
 
-# The most a failed attempt waits when the target says Retry-After (API.md).
-MAX_RETRY_AFTER_SECONDS = 86400
-USER_AGENT = "TaskForge-Push/1.1"
-# Characters of a failed answer's body kept in `last_error` (API.md).
-ERROR_EXCERPT_CHARS = 500
 # Tasks taken per queue per pass, at most (the in-flight room bounds it too).
 TAKE_BATCH = 100
 # The feeder looks again at least this often without a wake-up, and re-reads
@@ -87,166 +79,6 @@ def process_name() -> str:
     """This process's name in `push:<name>` (host and pid, as a worker_id allows)."""
     host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:150] or "host"
     return f"{host}-{os.getpid()}"
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One request to send: a task handed out to this push process."""
-
-    task_id: str
-    queue: str
-    attempt: int
-    body: bytes
-    target: push.PushTarget
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a request ended.  `error` None: delivered (`result`: JSON text or None)."""
-
-    job: Job
-    kind: str  # the metric's outcome label
-    seconds: float
-    error: str | None = None
-    result: str | None = None
-    retry_after: float | None = None
-    status: int | None = None
-
-
-def request_headers(job: Job, *, secret: str, now: float) -> CIMultiDict[str]:
-    """The headers of a job's request: the queue's own, then TaskForge's, which win."""
-    headers: CIMultiDict[str] = CIMultiDict(job.target.headers)
-    headers.setdefault("User-Agent", USER_AGENT)
-    headers["Content-Type"] = "application/json"
-    headers[push.TASK_ID_HEADER] = job.task_id
-    headers[push.QUEUE_HEADER] = job.queue
-    headers[push.ATTEMPT_HEADER] = str(job.attempt)
-    if secret:
-        headers[push.SIGNATURE_HEADER] = push.signature(secret, job.body, int(now))
-    else:
-        headers.popall(push.SIGNATURE_HEADER, None)
-    return headers
-
-
-def retry_after_seconds(value: str | None, *, now: datetime) -> float | None:
-    """A Retry-After header's delay (seconds or an HTTP date), capped; None if unusable."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(min(int(value), MAX_RETRY_AFTER_SECONDS))
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return min(max((when - now).total_seconds(), 0.0), float(MAX_RETRY_AFTER_SECONDS))
-
-
-def result_of(body: bytes, *, limit: int) -> str | None:
-    """A 2xx answer's body as the task's result (JSON text), or None when it is not JSON."""
-    if not body or len(body) > limit:
-        return None
-    try:
-        value = jsonutil.loads(body)
-    except ValueError:
-        return None
-    return jsonutil.dumps(value).decode()
-
-
-def excerpt(body: bytes) -> str:
-    return body.decode("utf-8", errors="replace")[:ERROR_EXCERPT_CHARS]
-
-
-async def _read(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """Up to `limit` + 1 bytes of the body: enough to tell that it is too long."""
-    chunks: list[bytes] = []
-    size = 0
-    while size <= limit:
-        chunk = await response.content.read(limit + 1 - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-async def deliver(session: aiohttp.ClientSession, job: Job, *, secret: str) -> Outcome:
-    """Send one job and say how it ended; never raises."""
-    started = time.monotonic()
-    timeout = job.target.timeout_seconds
-    limit = conf.MAX_PAYLOAD_BYTES
-    status: int | None = None
-    body = b""
-
-    def ended(kind: str, error: str | None = None, **fields: Any) -> Outcome:
-        # The error goes to `last_error` and the log: never the target's secrets
-        # (aiohttp names the URL, query included, in some errors; a target may echo a header).
-        if error is not None:
-            error = push.scrubbed(error, job.target)
-        return Outcome(job, kind, time.monotonic() - started, error=error, status=status, **fields)
-
-    try:
-        async with session.post(
-            job.target.url,
-            data=job.body,
-            headers=request_headers(job, secret=secret, now=time.time()),
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as response:
-            status = response.status
-            try:
-                body = await _read(
-                    response, limit if 200 <= status < 300 else 4 * ERROR_EXCERPT_CHARS
-                )
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                if not 200 <= status < 300:
-                    raise
-                # The target said 2xx in time; the body broke off or came too slowly:
-                # delivered, without a result.
-                logger.info(
-                    "push.result_unread",
-                    extra={
-                        "task_id": job.task_id,
-                        "queue": job.queue,
-                        "error": push.scrubbed(repr(exc), job.target),
-                    },
-                )
-                return ended("success")
-            if 200 <= status < 300:
-                return ended("success", result=result_of(body, limit=limit))
-            delay = None
-            if status in (429, 503):
-                delay = retry_after_seconds(
-                    response.headers.get("Retry-After"), now=datetime.now(UTC)
-                )
-            text = excerpt(body)
-            if 300 <= status < 400 and not text.strip():
-                where = response.headers.get("Location", "")
-                text = f"redirect to {where[:ERROR_EXCERPT_CHARS]} not followed"
-            return ended("http_error", f"HTTP {status}: {text}", retry_after=delay)
-    except TimeoutError:
-        return ended("timeout", f"timeout after {timeout} s")
-    except (aiohttp.ClientSSLError, aiohttp.ClientConnectorCertificateError) as exc:
-        return ended("tls_error", f"TLS error: {_reason(exc)}")
-    except aiohttp.ClientConnectorError as exc:
-        refused = destinations.refused_destination(exc)
-        if refused is not None:
-            return ended("connection_error", str(refused))
-        return ended("connection_error", f"connection failed: {_reason(exc)}")
-    except aiohttp.ServerDisconnectedError:
-        return ended("connection_error", "connection closed by the target before it answered")
-    except aiohttp.ClientError as exc:
-        return ended("connection_error", f"request failed: {_reason(exc)}")
-    except Exception as exc:  # a bug must not lose the slot or the task
-        logger.exception("push.send_failed", extra={"task_id": job.task_id, "queue": job.queue})
-        return ended("connection_error", f"request failed: {exc!r}")
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc) or exc.__class__.__name__
-    return text[:ERROR_EXCERPT_CHARS]
 
 
 class Sender:

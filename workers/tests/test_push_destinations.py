@@ -24,7 +24,7 @@ from queues.tests.factories import QueueFactory
 from tasks.models import Task, TaskStatus
 from tests.pushtarget import Target
 from workers import destinations
-from workers.pusher import Job, Outcome, deliver
+from workers.delivery import Job, Outcome, deliver
 from workers.tests.test_pusher import enqueue, pushing, settled, wait_for
 
 pytestmark = pytest.mark.timeout(90)
