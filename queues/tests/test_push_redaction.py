@@ -32,8 +32,8 @@ def test_redacted__is_idempotent_and_passes_null_through() -> None:
 
 
 def test_redacted__an_ipv6_host_keeps_its_brackets() -> None:
-    stored = push.parse({"url": "http://u:p@[::1]:8080/x?t=1"}).as_json()
-    assert push.redacted(stored)["url"] == "http://[::1]:8080/x"
+    stored = push.parse({"url": "http://u:p@[2001:db8::1]:8080/x?t=1"}).as_json()
+    assert push.redacted(stored)["url"] == "http://[2001:db8::1]:8080/x"
 
 
 def test_redacted__a_url_that_does_not_parse_is_hidden_whole() -> None:

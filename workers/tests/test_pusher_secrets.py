@@ -17,7 +17,13 @@ from queues.tests.factories import QueueFactory
 from taskforge.lib.logging import JsonFormatter
 from tasks.models import Task, TaskStatus
 from tests.pushtarget import Answer, Request, Target
-from workers.tests.test_pusher import enqueue, pushing, settled, wait_for
+from workers.tests.test_pusher import (  # noqa: F401 (loopback_allowed: autouse)
+    enqueue,
+    loopback_allowed,
+    pushing,
+    settled,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
