@@ -115,6 +115,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "taskforge.api.request_log.RequestLogMiddleware",
+    # A made-up method: 405 before anything counts it or authenticates it.
+    "taskforge.api.middleware.KnownMethodMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "taskforge.api.middleware.BodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",

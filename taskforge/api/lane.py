@@ -14,9 +14,9 @@ test fails when MIDDLEWARE no longer matches it):
 
 - request: the request log's clock, what django-prometheus's two
   `process_request` and its `process_view` count (`LaneMetrics.requested`), the
-  view (the hot view's plain JSON path, `HotView.serve`); the body limit,
-  Security's and Common's request hooks and CSRF's exemption are checked
-  beforehand, in `takes`;
+  view (the hot view's plain JSON path, `HotView.serve`); the known method,
+  the body limit, Security's and Common's request hooks and CSRF's exemption
+  are checked beforehand, in `takes`;
 - answer: X-Frame-Options, Common, the security headers (ours, then
   Django's), what django-prometheus's two `process_response` count
   (`LaneMetrics.answered`), the log line.
@@ -68,10 +68,12 @@ from taskforge.api import headers, request_log
 from taskforge.api.bridge import Answer
 from taskforge.api.hot import is_plain_json_post
 from taskforge.api.middleware import (
+    KnownMethodMiddleware,
     PrometheusAfterMiddleware,
     body_limit,
     declared_length,
     is_hot_call,
+    remember,
 )
 from taskforge.conf import conf
 from taskforge.lib import internals, pg
@@ -81,6 +83,7 @@ logger = logging.getLogger(__name__)
 # settings.MIDDLEWARE as the lane mirrors it (see the module's docstring).
 MIRRORED = [
     "taskforge.api.request_log.RequestLogMiddleware",
+    "taskforge.api.middleware.KnownMethodMiddleware",
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "taskforge.api.middleware.BodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -110,6 +113,7 @@ class HotLane:
     """The middleware's hooks for a hot call, in the chain's order."""
 
     def __init__(self) -> None:
+        self.methods = KnownMethodMiddleware(_unused)
         self.before = prometheus.PrometheusBeforeMiddleware(_unused)
         self.security = SecurityMiddleware(_unused)
         self.common = CommonMiddleware(_unused)
@@ -121,6 +125,8 @@ class HotLane:
         """The call's URL match if the lane answers it exactly as the chain would;
         None otherwise.  Counts nothing."""
         meta = request.META
+        if self.methods.process_request(request) is not None:
+            return None
         if not is_plain_json_post(meta) or not is_hot_call(request):
             return None
         match = _resolved(request.path_info)
@@ -189,7 +195,7 @@ class LaneMetrics:
         key = (view, method, transport)
         counters = self._requests.get(key)
         if counters is None:
-            counters = self._requests[key] = (
+            counters = (
                 m.requests_total,
                 after.label_metric(m.requests_by_method, request, method=method),
                 after.label_metric(m.requests_by_transport, request, transport=transport),
@@ -201,6 +207,7 @@ class LaneMetrics:
                     method=method,
                 ),
             )
+            remember(self._requests, key, counters)
         for counter in counters:
             counter.inc()
         meta = request.META
@@ -221,7 +228,7 @@ class LaneMetrics:
         found = self._answers.get(key)
         if found is None:
             label = str(status)
-            found = self._answers[key] = (
+            found = (
                 (
                     after.label_metric(m.responses_by_status, request, status=label),
                     after.label_metric(
@@ -238,6 +245,7 @@ class LaneMetrics:
                     m.requests_latency_by_view_method, request, view=view, method=request.method
                 ),
             )
+            remember(self._answers, key, found)
         counters, latency = found
         for counter in counters:
             counter.inc()

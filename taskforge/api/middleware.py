@@ -1,4 +1,11 @@
-"""Bounded bodies: a request over its endpoint's limit is refused before it is read.
+"""The API's own middleware: known methods only, bounded bodies, bounded metric labels.
+
+Known methods (API.md, "Security (v1.2)"): a request whose method is not one
+of GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS is answered 405
+`method_not_allowed` on every path, before authentication, and counted in no
+metric (`KnownMethodMiddleware`, ahead of django-prometheus's middleware).
+
+Bounded bodies: a request over its endpoint's limit is refused before it is read.
 
 API.md v1.1 ("bounded parsing"): 413 `payload_too_large` for a single-task body
 (enqueue, heartbeat, ack, nack) over twice TASKFORGE_MAX_PAYLOAD_BYTES plus
@@ -31,6 +38,10 @@ from taskforge.api.responses import error_response
 from taskforge.conf import conf
 
 SINGLE_TASK = "single_task"
+
+# The methods a request may have (API.md, "Security (v1.2)").
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_UNKNOWN_METHOD = "The method is not one of " + ", ".join(sorted(KNOWN_METHODS)) + "."
 
 # A chunked body is read in pieces of this size.
 _CHUNK = 64 * 1024
@@ -77,6 +88,26 @@ def _chunked_input(request: HttpRequest) -> Any:
     if "wsgi.input" in request.META:
         return request.META["wsgi.input"] if request.META.get("wsgi.input_terminated") else None
     return getattr(request, "_stream", None)  # ASGI: the server's (spooled) body
+
+
+class KnownMethodMiddleware:
+    """405 `method_not_allowed` for a method not in KNOWN_METHODS, on every path.
+
+    Ahead of everything but the request log (which logs the refusal): the
+    method is never a metric's label, and no authentication, session or view
+    runs for it.  Django upper-cases the method, so `get` is GET.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.process_request(request) or self.get_response(request)
+
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        if request.method in KNOWN_METHODS:
+            return None
+        return error_response(405, "method_not_allowed", _UNKNOWN_METHOD)
 
 
 class BodyLimitMiddleware:
@@ -131,8 +162,13 @@ class PrometheusAfterMiddleware(django_prometheus.middleware.PrometheusAfterMidd
     checks and joins the label values and takes the metric's lock every time
     (a sixth of the middleware's CPU per request).  The children are the ones
     `labels()` returns: the same series, the same values.  Their labels are
-    view names, methods, statuses, charsets and exception types: bounded, and
-    prometheus_client keeps every child anyway.
+    view names (from the URLconf: a path that resolves to none is
+    `<unnamed view>`), methods, statuses, charsets and exception types, none
+    of them free text from the request: django-prometheus labels its latency
+    histogram by the raw method, which `bounded_labels` names
+    `<invalid method>` here when it is not a known one (KnownMethodMiddleware
+    refuses such a request before it gets here).  At most CHILDREN_KEPT
+    children are remembered (`remember`), whatever comes.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -160,8 +196,30 @@ class PrometheusAfterMiddleware(django_prometheus.middleware.PrometheusAfterMidd
         child = self._children.get(key)
         if child is None:
             # Two threads may race here; both get the same child from `labels()`.
-            child = self._children[key] = metric.labels(**labels)
+            child = remember(self._children, key, metric.labels(**bounded_labels(labels)))
         return child
+
+
+# Children remembered by one cache of them, at most: far more than the label values
+# of TaskForge's URLconf, statuses and methods make, and a few hundred KiB.
+CHILDREN_KEPT = 4096
+
+# django-prometheus's label for a method it does not know.
+INVALID_METHOD = "<invalid method>"
+
+
+def remember(children: dict[Any, Any], key: Any, child: Any) -> Any:
+    """`child`, kept in `children` under `key` while it holds fewer than CHILDREN_KEPT."""
+    if len(children) < CHILDREN_KEPT:
+        children[key] = child
+    return child
+
+
+def bounded_labels(labels: dict[str, Any]) -> dict[str, Any]:
+    """`labels` with a `method` not in KNOWN_METHODS named INVALID_METHOD."""
+    if "method" in labels and labels["method"] not in KNOWN_METHODS:
+        return {**labels, "method": INVALID_METHOD}
+    return labels
 
 
 # --- hot calls: the middleware only people's pages need, passed by ---------------------

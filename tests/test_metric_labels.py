@@ -1,0 +1,211 @@
+"""Metrics take no label value from request input (API.md, "Security (v1.2)").
+
+Except an existing queue's name and a worker id given with a valid worker key.
+A made-up method is 405 `method_not_allowed` on every path, before
+authentication, and adds no series; a worker not seen for
+TASKFORGE_WORKER_FORGET_SECONDS leaves `/metrics`; after every process is
+stopped and started again, `/metrics` holds no series from before.
+
+What a server does is tested through `run_api` (tests/service.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, HttpResponse
+from django.test import Client
+from prometheus_client import Counter
+from rest_framework import status
+
+from queues.models import Queue
+from taskforge.api import middleware
+from taskforge.api.models import ApiKey
+from tests.service import API, Api, Service, database_url
+from tests.test_metrics import Samples, parse, value
+from workers.models import Worker
+
+MADE_UP = ("FOO", "PROPFIND", "TRACE", "CONNECT", "get_", "X" * 40)
+PATHS = (
+    "/queues/q/tasks",
+    "/workers/claim",
+    "/admin/",
+    "/admin/login/",
+    "/no/such/path",
+    "/metrics",
+    "/healthz",
+    "/static/dashboard/app.js",
+)
+
+
+def assert_method_not_allowed(code: int, body: Any) -> None:
+    assert code == status.HTTP_405_METHOD_NOT_ALLOWED, body
+    assert body == {
+        "error": {
+            "code": "method_not_allowed",
+            "message": "The method is not one of DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT.",
+        }
+    }
+
+
+# --- the rule, in this process ---------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("method", MADE_UP)
+@pytest.mark.parametrize("path", PATHS)
+def test_known_methods__a_made_up_method_is_405_on_every_path_before_authentication(
+    method: str, path: str
+) -> None:
+    response = Client().generic(method, path)
+
+    assert_method_not_allowed(response.status_code, response.json())
+    assert response["Content-Type"] == "application/json"
+
+
+@pytest.mark.django_db
+def test_known_methods__known_methods_go_on() -> None:
+    client = Client()
+
+    assert client.get("/healthz").status_code == status.HTTP_200_OK
+    assert client.head("/healthz").status_code == status.HTTP_200_OK
+    assert client.options("/queues").status_code == status.HTTP_401_UNAUTHORIZED
+    assert client.generic("PATCH", "/queues").status_code == status.HTTP_401_UNAUTHORIZED
+    # Django reads a method upper-cased: `get` is GET.
+    assert client.generic("get", "/healthz").status_code == status.HTTP_200_OK
+
+
+def test_known_methods__ahead_of_counting_authentication_and_views() -> None:
+    chain = settings.MIDDLEWARE
+    index = chain.index("taskforge.api.middleware.KnownMethodMiddleware")
+
+    assert chain[:index] == ["taskforge.api.request_log.RequestLogMiddleware"]
+
+
+def test_label_metric__a_made_up_method_is_one_label_and_the_children_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """django-prometheus labels its latency histogram by the raw method: whatever
+    reaches it, the method is a known one or `<invalid method>`, and the cache of
+    children stays within CHILDREN_KEPT."""
+    monkeypatch.setattr(middleware, "CHILDREN_KEPT", 10)
+    after = middleware.PrometheusAfterMiddleware(lambda request: HttpResponse())
+    metric = Counter("labels_test", "test", ["view", "method"], registry=None)
+    request = HttpRequest()
+
+    for n in range(100):
+        after.label_metric(metric, request, view="v", method=f"M{n}").inc()
+        after.label_metric(metric, request, view=f"v{n}", method="GET").inc()
+
+    methods = {labels[1] for labels in metric._metrics}
+    assert methods == {"GET", middleware.INVALID_METHOD}
+    assert len(after._children) == 10
+
+
+# --- through run_api ------------------------------------------------------------------
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": database_url(connection.settings_dict),
+        "REDIS_URL": settings.REDIS_URL,
+        "SECRET_KEY": "metric-labels-secret",
+        "TASKFORGE_WEB_WORKERS": "2",
+        **extra,
+    }
+
+
+@pytest.fixture
+def api_server(
+    tmp_path: Path, transactional_db: None, redis_client: redis.Redis
+) -> Iterator[Service]:
+    """run_api alone, with a metrics directory of its own."""
+    svc = Service(
+        tmp_path,
+        _env(
+            PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "prometheus"),
+            TASKFORGE_WORKER_FORGET_SECONDS="600",
+        ),
+    )
+    svc.spawn(API)
+    try:
+        svc.wait_ready([API])
+        yield svc
+    finally:
+        svc.stop()
+
+
+def _scrape(api: Api) -> tuple[Samples, str]:
+    code, text = api.call("GET", "/metrics")
+    assert code == status.HTTP_200_OK
+    return parse(text), text
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_run_api__made_up_methods_unknown_paths_and_queues_add_no_series(
+    api_server: Service,
+) -> None:
+    Queue.objects.create(name="known")
+    producer = Api(api_server.base_url, ApiKey.issue(name="p", role="producer")[1])
+    worker = Api(api_server.base_url, ApiKey.issue(name="w", role="worker")[1])
+    anonymous = Api(api_server.base_url)
+    unknown_queue = "/queues/{}/tasks"
+
+    def requests(tag: str) -> list[tuple[Api, str, str, Any, int]]:
+        """(client, method, path, body, expected status): one of each kind."""
+        return [
+            (anonymous, f"MADEUP{tag}", "/queues/known/tasks", None, 405),
+            (anonymous, f"MADEUP{tag}", "/admin/", None, 405),
+            (producer, f"Q{tag}", f"/no/such/{tag}", None, 405),
+            (anonymous, "GET", f"/no/such/{tag}", None, 404),
+            (anonymous, "GET", f"/admin/{tag}/", None, 302),  # to the sign-in page
+            (producer, "GET", unknown_queue.format(f"q{tag}"), None, 404),
+            (producer, "POST", unknown_queue.format(f"q{tag}"), {"payload": {}}, 404),
+            (
+                worker,
+                "POST",
+                "/workers/claim",
+                # A worker id with a worker's key may be a label; the queue may not.
+                {"worker_id": "w-known", "queues": [f"q{tag}"]},
+                404,
+            ),
+            # A worker id with a key that is not a worker's: 403, never a label.
+            (
+                producer,
+                "POST",
+                "/workers/claim",
+                {"worker_id": f"w{tag}", "queues": ["known"]},
+                403,
+            ),
+        ]
+
+    # Each kind once, and a scrape (which counts itself), before the baseline.
+    for client, method, path, body, expected in requests("warmup"):
+        assert client.call(method, path, body)[0] == expected, (method, path)
+    _scrape(anonymous)
+    before, _ = _scrape(anonymous)
+
+    tags = [uuid.uuid4().hex[:10] for _ in range(200 // len(requests("x")) + 1)]
+    for tag in tags:
+        for client, method, path, body, expected in requests(tag):
+            code, answer = client.call(method, path, body)
+            assert code == expected, (method, path, code, answer)
+            if expected == 405:
+                assert_method_not_allowed(code, answer)
+
+    after, text = _scrape(anonymous)
+    assert set(after) - set(before) == set()
+    for tag in tags:
+        assert tag not in text
+    assert value(after, "django_http_responses_total_by_status_total", status="405") == value(
+        before, "django_http_responses_total_by_status_total", status="405"
+    )
+    assert not Worker.objects.exclude(worker_id="w-known").exists()
