@@ -41,7 +41,9 @@ class DatabaseGauges:
 
     `tasks.stats.queues_stats` for every queue (grouped counts over the live
     statuses only, never the done and cancelled history) and the workers
-    seen in the last hour (workers_worker.last_seen_at index).  When Postgres does not
+    seen within TASKFORGE_WORKER_FORGET_SECONDS (workers_worker.last_seen_at
+    index): a worker id is a label while its worker is remembered, and
+    leaves `/metrics` when it is forgotten (no process keeps it).  When Postgres does not
     answer, the gauges are left out and the counters still scrape.
     """
 
@@ -80,7 +82,8 @@ class DatabaseGauges:
             dlq_depth.add_metric([queue], count)
         heartbeat_age = GaugeMetricFamily(
             "taskforge_worker_heartbeat_age_seconds",
-            "Seconds since each worker seen in the last hour was last seen.",
+            "Seconds since each worker was last seen (workers seen within "
+            "TASKFORGE_WORKER_FORGET_SECONDS).",
             labels=["worker_id"],
         )
         for worker_id, age in ages:
@@ -102,7 +105,7 @@ class DatabaseGauges:
             # The same counts as GET /queues/:name/stats, for every queue at once.
             stats = queues_stats(queues, now)
             seen = list(
-                Worker.objects.recent(now)
+                Worker.objects.remembered(now)
                 .order_by("worker_id")
                 .values_list("worker_id", "last_seen_at")
             )

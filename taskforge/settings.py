@@ -68,6 +68,10 @@ TASKFORGE_DLQ_RETENTION_SECONDS: int = env.int("TASKFORGE_DLQ_RETENTION_SECONDS"
 # The watchdog vacuums a task table past this many dead rows (tasks.vacuum; 0: never).
 TASKFORGE_VACUUM_DEAD_ROWS: int = env.int("TASKFORGE_VACUUM_DEAD_ROWS", default=20000)
 TASKFORGE_METRICS_TOKEN: str = env.str("TASKFORGE_METRICS_TOKEN", default="")
+# A worker not seen for this long has no series in /metrics any more.
+TASKFORGE_WORKER_FORGET_SECONDS: float = env.float(
+    "TASKFORGE_WORKER_FORGET_SECONDS", default=3600.0
+)
 # Push delivery (run_pusher): the key of the TaskForge-Signature header (unset: no
 # signature), and the requests one push process keeps in flight at once.
 TASKFORGE_PUSH_SIGNING_SECRET: str = env.str("TASKFORGE_PUSH_SIGNING_SECRET", default="")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.test import Client
+from django.utils import timezone
 from prometheus_client import Counter
 from rest_framework import status
 
@@ -29,7 +31,7 @@ from queues.models import Queue
 from taskforge.api import middleware
 from taskforge.api.models import ApiKey
 from tests.service import API, Api, Service, database_url
-from tests.test_metrics import Samples, parse, value
+from tests.test_metrics import Samples, parse, scrape, value
 from workers.models import Worker
 
 MADE_UP = ("FOO", "PROPFIND", "TRACE", "CONNECT", "get_", "X" * 40)
@@ -209,3 +211,48 @@ def test_run_api__made_up_methods_unknown_paths_and_queues_add_no_series(
         before, "django_http_responses_total_by_status_total", status="405"
     )
     assert not Worker.objects.exclude(worker_id="w-known").exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_run_api__a_worker_leaves_metrics_when_forgotten(api_server: Service) -> None:
+    """TASKFORGE_WORKER_FORGET_SECONDS is 600 in this server."""
+    Queue.objects.create(name="known")
+    worker = Api(api_server.base_url, ApiKey.issue(name="w", role="worker")[1])
+    anonymous = Api(api_server.base_url)
+    remembered, forgotten = (f"w-{uuid.uuid4().hex[:10]}" for _ in range(2))
+    for worker_id in (remembered, forgotten):
+        assert (
+            worker.call("POST", "/workers/claim", {"worker_id": worker_id, "queues": ["known"]})[0]
+            == 200
+        )
+
+    samples, _ = _scrape(anonymous)
+    for worker_id in (remembered, forgotten):
+        assert (
+            value(samples, "taskforge_worker_heartbeat_age_seconds", worker_id=worker_id)
+            is not None
+        )
+
+    now = timezone.now()
+    Worker.objects.filter(worker_id=remembered).update(last_seen_at=now - timedelta(seconds=300))
+    Worker.objects.filter(worker_id=forgotten).update(last_seen_at=now - timedelta(seconds=900))
+
+    samples, text = _scrape(anonymous)
+    assert (
+        value(samples, "taskforge_worker_heartbeat_age_seconds", worker_id=remembered) is not None
+    )
+    assert forgotten not in text
+
+
+@pytest.mark.django_db
+def test_metrics__a_worker_leaves_after_the_forget_setting(settings: Any) -> None:
+    settings.TASKFORGE_WORKER_FORGET_SECONDS = 60
+    now = timezone.now()
+    Worker.objects.create(worker_id="w-seen", last_seen_at=now - timedelta(seconds=50))
+    Worker.objects.create(worker_id="w-forgotten", last_seen_at=now - timedelta(seconds=70))
+
+    samples = scrape(Client())
+
+    assert value(samples, "taskforge_worker_heartbeat_age_seconds", worker_id="w-seen") is not None
+    assert value(samples, "taskforge_worker_heartbeat_age_seconds", worker_id="w-forgotten") is None

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from django.db import connection, models
 from django.db.models import Exists, F, OuterRef, Q
 
+from taskforge.conf import conf
 from tasks.models import Task, TaskStatus, lease_timeout
 
 SEEN_WITHIN = timedelta(hours=1)
@@ -86,6 +87,11 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
     def recent(self, now: datetime) -> WorkerQuerySet:
         """Workers seen in the last hour (uses the last_seen_at index)."""
         return self.filter(last_seen_at__gte=now - SEEN_WITHIN)
+
+    def remembered(self, now: datetime) -> WorkerQuerySet:
+        """Workers seen within TASKFORGE_WORKER_FORGET_SECONDS: those `/metrics` shows
+        (API.md, "Security (v1.2)"; uses the last_seen_at index)."""
+        return self.filter(last_seen_at__gte=now - timedelta(seconds=conf.WORKER_FORGET_SECONDS))
 
     def with_holding(self) -> WorkerQuerySet:
         """Annotate `holding`: whether the worker executes a task now (task_executing_by_idx)."""
