@@ -11,6 +11,10 @@ What a server does is tested through `run_api` (tests/service.py).
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -256,3 +260,96 @@ def test_metrics__a_worker_leaves_after_the_forget_setting(settings: Any) -> Non
 
     assert value(samples, "taskforge_worker_heartbeat_age_seconds", worker_id="w-seen") is not None
     assert value(samples, "taskforge_worker_heartbeat_age_seconds", worker_id="w-forgotten") is None
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(240)
+def test_restart__after_every_process_stopped_and_started_metrics_hold_nothing_from_before(
+    tmp_path: Path, transactional_db: None, redis_client: redis.Redis
+) -> None:
+    """Started as API.md says (no metrics setting): the API's two processes and the
+    loops, all at once, twice."""
+    svc = Service(tmp_path, _env(TMPDIR=str(tmp_path)))
+    svc.env = {k: v for k, v in svc.env.items() if not k.startswith("PROMETHEUS")}
+    queue = f"r-{uuid.uuid4().hex[:8]}"
+    Queue.objects.create(name=queue)
+    api = Api(svc.base_url, ApiKey.issue(name="restart", role="admin")[1])
+    try:
+        svc.start()
+        for n in range(3):
+            api.ok("POST", f"/queues/{queue}/tasks", {"payload": {"n": n}})
+        first, _ = _scrape(api)
+        assert value(first, "taskforge_tasks_enqueued_total", queue=queue) == 3
+        task_list = [key for key in first if ("view", "task-list") in key[1]]
+        assert task_list
+
+        svc.stop()
+        svc.start()
+
+        again, _ = _scrape(api)
+        assert value(again, "taskforge_tasks_enqueued_total", queue=queue) is None
+        assert [key for key in again if ("view", "task-list") in key[1]] == []
+        # Only the files of processes alive now.
+        (directory,) = tmp_path.glob("taskforge-metrics-*")
+        pids = {
+            int(m.group(1))
+            for m in (re.search(r"-(\d+)\.db$", p.name) for p in directory.iterdir())
+            if m
+        }
+        assert pids and all(_alive(pid) for pid in pids), pids
+    finally:
+        svc.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_directory__processes_started_at_once_keep_each_others_files(tmp_path: Path) -> None:
+    """Several processes joining an unheld directory at the same moment (honcho starts
+    the API and the loops at once): the last run's files go, and no process's own
+    file goes with them, whichever joins first."""
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    (directory / "counter_old-1.db").write_bytes(b"last run")
+    probe = (
+        "import django, os, sys; django.setup(); from taskforge import metrics;"
+        "print('ready', flush=True); sys.stdin.readline();"
+        "metrics.join_directory(sys.argv[1]);"
+        "open(os.path.join(sys.argv[1], f'counter_probe-{os.getpid()}.db'), 'wb').close();"
+        "print('joined', flush=True); sys.stdin.read()"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env["PROMETHEUS_MULTIPROC_DIR"] = ""  # the probes themselves count in memory
+    env["DJANGO_SETTINGS_MODULE"] = "taskforge.settings"
+    probes = [
+        subprocess.Popen(
+            [sys.executable, "-c", probe, str(directory)],
+            cwd=settings.BASE_DIR,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
+    try:
+        for proc in probes:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in probes:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        for proc in probes:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "joined"
+
+        names = sorted(p.name for p in directory.iterdir() if p.name != ".lock")
+        assert names == sorted(f"counter_probe-{proc.pid}.db" for proc in probes)
+    finally:
+        for proc in probes:
+            proc.kill()
+            proc.communicate(timeout=10)
