@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -341,3 +341,36 @@ class Api:
         status, parsed = self.call(method, path, body, timeout=timeout)
         assert 200 <= status < 300, f"{method} {path} -> {status}: {parsed}"
         return parsed
+
+
+def children(parent: int, count: int) -> list[int]:
+    """The pids of `parent`'s `count` child processes (a server's workers), waited for
+    (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while True:
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                # pid (comm) state ppid ...: comm may hold spaces, so split after it.
+                fields = stat.read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # exited meanwhile
+            if int(fields[1]) == parent:
+                found.append(int(stat.parent.name))
+        if len(found) == count:
+            return sorted(found)
+        assert time.monotonic() < deadline, found
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def paused(pids: list[int]) -> Iterator[None]:
+    """These processes stopped (SIGSTOP) meanwhile: they accept no connection, so
+    another process of the same listening socket takes every one."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)

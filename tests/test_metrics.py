@@ -40,7 +40,7 @@ from tasks.dispatcher import DispatcherLoop
 from tasks.models import TaskStatus
 from tasks.tests.factories import TaskFactory, age_lease
 from tests.helpers import TRANSITION_FIELDS
-from tests.service import database_url
+from tests.service import children, database_url, paused
 from workers.models import Worker
 
 S = TaskStatus
@@ -383,8 +383,8 @@ def process_env(tmp_path: Path) -> dict[str, str]:
 
 
 class Api:
-    def __init__(self, base: str, key: str, log: Path) -> None:
-        self.base, self.key, self.log = base, key, log
+    def __init__(self, base: str, key: str, log: Path, pid: int) -> None:
+        self.base, self.key, self.log, self.pid = base, key, log, pid
 
     def call(self, method: str, path: str, body: Any = None, token: str | None = None) -> Any:
         request = urllib.request.Request(
@@ -445,7 +445,7 @@ def api(process_env: dict[str, str], tmp_path: Path) -> Iterator[Api]:
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    server = Api(f"http://127.0.0.1:{port}", key, log)
+    server = Api(f"http://127.0.0.1:{port}", key, log, proc.pid)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -496,20 +496,20 @@ def test_metrics__summed_across_gunicorn_workers_and_loop_processes(
         code: int = api.call("POST", "/queues/mp/tasks", {"payload": {"n": n}})[0]
         return code
 
-    # Concurrent new connections until both workers have served enqueues.
+    # Each worker serves 8 concurrent enqueues while the other is stopped: which
+    # process the kernel hands a connection to is not left to chance.
+    workers = children(api.pid, 2)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        for _ in range(20):
-            codes = list(pool.map(enqueue, range(posted, posted + 16)))
-            assert codes == [status.HTTP_201_CREATED] * 16
-            posted += 16
-            lines = api.request_lines()
-            pids = {line["pid"] for line in lines if line["path"] == "/queues/mp/tasks"}
-            if len(pids) == 2:
-                break
-    assert len(pids) == 2, "one worker served every request"
-    assert [line["status"] for line in lines if line["path"] == "/queues/mp/tasks"] == [
-        201
-    ] * posted
+        for serving in workers:
+            with paused([pid for pid in workers if pid != serving]):
+                codes = list(pool.map(enqueue, range(posted, posted + 8)))
+            assert codes == [status.HTTP_201_CREATED] * 8
+            posted += 8
+    lines = [line for line in api.request_lines() if line["path"] == "/queues/mp/tasks"]
+    assert [(line["pid"], line["status"]) for line in lines] == [
+        (pid, 201) for pid in workers for _ in range(8)
+    ]
+    pids = set(workers)
 
     samples = api.scrape()
 
