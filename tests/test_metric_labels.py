@@ -11,6 +11,7 @@ What a server does is tested through `run_api` (tests/service.py).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -74,6 +75,17 @@ def test_known_methods__a_made_up_method_is_405_on_every_path_before_authenticat
 
     assert_method_not_allowed(response.status_code, response.json())
     assert response["Content-Type"] == "application/json"
+    assert "Allow" not in response  # refused before URL resolution: no view to name
+
+
+@pytest.mark.django_db
+def test_known_methods__the_refusal_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="taskforge.request"):
+        Client().generic("FOO", "/queues/q/tasks")
+
+    (record,) = [r for r in caplog.records if r.getMessage() == "http.request"]
+    fields = record.__dict__
+    assert (fields["method"], fields["path"], fields["status"]) == ("FOO", "/queues/q/tasks", 405)
 
 
 @pytest.mark.django_db
