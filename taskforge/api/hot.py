@@ -95,7 +95,7 @@ class HotView(APIView):
     def as_hot_view(cls) -> Callable[..., HttpResponse]:
         """The URL's view: plain JSON POSTs to `serve()`, everything else to DRF's view."""
         drf_view = cls.as_view()
-        allow = _allow(cls())
+        allow = allow_header(cls())
 
         def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
             if not is_plain_json_post(request.META):
@@ -128,7 +128,7 @@ def is_plain_json_post(meta: dict[str, Any]) -> bool:
     )
 
 
-def _allow(view: APIView) -> str:
+def allow_header(view: APIView) -> str:
     """The `Allow` header of DRF's answers: View.setup() serves HEAD as GET."""
     if hasattr(view, "get") and not hasattr(view, "head"):
         view.head = view.get  # type: ignore[attr-defined]

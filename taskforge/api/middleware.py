@@ -31,7 +31,8 @@ from django.contrib.messages.middleware import MessageMiddleware as _Messages
 from django.contrib.sessions.middleware import SessionMiddleware as _Sessions
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware as _Csrf
-from django.urls import URLPattern, get_resolver
+from django.urls import Resolver404, URLPattern, get_resolver
+from rest_framework.views import APIView
 from whitenoise.middleware import WhiteNoiseMiddleware as _WhiteNoise  # type: ignore[import-untyped]
 
 from taskforge.api.responses import error_response
@@ -95,7 +96,9 @@ class KnownMethodMiddleware:
 
     Ahead of everything but the request log (which logs the refusal): the
     method is never a metric's label, and no authentication, session or view
-    runs for it.  Django upper-cases the method, so `get` is GET.
+    runs for it.  Django upper-cases the method, so `get` is GET.  Where the
+    path names an API view, `Allow` lists its methods, as the view's own 405
+    does.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -107,7 +110,27 @@ class KnownMethodMiddleware:
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
         if request.method in KNOWN_METHODS:
             return None
-        return error_response(405, "method_not_allowed", _UNKNOWN_METHOD)
+        response = error_response(405, "method_not_allowed", _UNKNOWN_METHOD)
+        allow = _allow(request)
+        if allow is not None:
+            response["Allow"] = allow
+        return response
+
+
+def _allow(request: HttpRequest) -> str | None:
+    """The `Allow` header of the API view the request's path names, as its own 405
+    says it; None for any other path (Django admin's, a function view's, none)."""
+    from taskforge.api.hot import allow_header  # the views import this module
+
+    urlconf = getattr(request, "urlconf", None) or settings.ROOT_URLCONF
+    try:
+        match = get_resolver(urlconf).resolve(request.path_info)
+    except Resolver404:
+        return None
+    owner = getattr(match.func, "cls", None)  # DRF's as_view() keeps the class as `cls`
+    if not (isinstance(owner, type) and issubclass(owner, APIView)):
+        return None
+    return allow_header(owner())
 
 
 class BodyLimitMiddleware:
