@@ -98,10 +98,13 @@ class DlqListView(QueueLookupMixin, APIView):
             )
         )
         paginator = KeysetPaginator(request, ordering=["-died_at", "-task_id"])
-        page = paginator.paginate(entries)
-        for entry in page:
-            entry.queue = queue
-        return paginator.response(DeadLetterSerializer(page, many=True).data)
+
+        def render(page: list[DeadLetterTask]) -> Any:
+            for entry in page:
+                entry.queue = queue
+            return DeadLetterSerializer(page, many=True).data
+
+        return paginator.answer(entries, render)
 
 
 class DlqReplayOneView(QueueLookupMixin, APIView):

@@ -92,5 +92,6 @@ class AuditListView(APIView):
             if key in query.validated_data:
                 filters[lookup] = query.validated_data[key]
         paginator = KeysetPaginator(request, ordering=["-at", "-id"])
-        page = paginator.paginate(AuditEntry.objects.filter(**filters))
-        return paginator.response([entry_to_dict(entry) for entry in page])
+        return paginator.answer(
+            AuditEntry.objects.filter(**filters), lambda page: map(entry_to_dict, page)
+        )

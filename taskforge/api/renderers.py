@@ -10,6 +10,15 @@ from rest_framework import renderers
 from taskforge.lib import jsonutil
 
 
+class Rendered:
+    """An answer's JSON, encoded already (a list's page: taskforge.api.pagination)."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+
 class JSONRenderer(renderers.JSONRenderer):
     """Same bytes as DRF's JSONRenderer (compact, UTF-8, U+2028/U+2029 escaped).
 
@@ -25,6 +34,8 @@ class JSONRenderer(renderers.JSONRenderer):
     ) -> bytes:
         if data is None:
             return b""
+        if isinstance(data, Rendered):
+            return data.body
         # get_indent takes a false media type for none given (DRF passes None); its stubs want
         # a str.
         if self.get_indent(accepted_media_type or "", renderer_context or {}) is not None:

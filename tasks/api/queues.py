@@ -42,8 +42,7 @@ class QueueListView(APIView):
     )
     def get(self, request: Request) -> Response:
         paginator = KeysetPaginator(request, ordering=["name", "id"])
-        page = paginator.paginate(Queue.objects.all())
-        return paginator.response(shown(request, page))
+        return paginator.answer(Queue.objects.all(), lambda page: shown(request, page))
 
     @extend_schema(
         operation_id="queues_create",

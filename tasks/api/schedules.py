@@ -160,11 +160,14 @@ class ScheduleListView(QueueLookupMixin, APIView):
     def get(self, request: Request, name: str) -> Response:
         queue = self.get_queue()
         paginator = KeysetPaginator(request, ordering=["name", "id"])
-        page = paginator.paginate(Schedule.objects.filter(queue=queue))
         now = timezone.now()
-        for schedule in page:
-            schedule.queue = queue
-        return paginator.response([schedule_to_dict(s, now) for s in page])
+
+        def render(page: list[Schedule]) -> list[dict[str, Any]]:
+            for schedule in page:
+                schedule.queue = queue
+            return [schedule_to_dict(s, now) for s in page]
+
+        return paginator.answer(Schedule.objects.filter(queue=queue), render)
 
     @extend_schema(
         operation_id="schedules_create",

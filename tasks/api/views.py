@@ -98,11 +98,14 @@ class TaskListView(EnqueueView):
             if key in query.validated_data:
                 filters[lookup] = query.validated_data[key]
         paginator = KeysetPaginator(request, ordering=["-created_at", "-id"])
+
+        def render(page: list[Task]) -> list[dict[str, Any]]:
+            for task in page:
+                task.queue = queue
+            return [task_to_dict(task) for task in page]
+
         with pg.planned_without(pg.ORDERED_BY_INDEX if "status" in filters else ()):
-            page = paginator.paginate(Task.objects.filter(**filters))
-        for task in page:
-            task.queue = queue
-        return paginator.response([task_to_dict(task) for task in page])
+            return paginator.answer(Task.objects.filter(**filters), render)
 
     @extend_schema(
         operation_id="tasks_enqueue",
@@ -207,8 +210,9 @@ class TaskEventsView(TaskLookupMixin, APIView):
         # events.  (A cursor given out before the keys had two values is refused.)
         paginator = KeysetPaginator(request, ordering=["row", "half"])
         page = events.page(task, paginator.ints_after(), paginator.limit)
-        rows = paginator.cut(page, lambda event: event.key)
-        return paginator.response(TaskEventSerializer(rows, many=True).data)
+        return paginator.answer_rows(
+            page, lambda event: event.key, lambda rows: TaskEventSerializer(rows, many=True).data
+        )
 
 
 class QueueStatsSerializer(serializers.Serializer[Any]):

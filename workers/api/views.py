@@ -234,10 +234,10 @@ class WorkerListView(APIView):
     def get(self, request: Request) -> Response:
         now = timezone.now()
         paginator = KeysetPaginator(request, ordering=["worker_id"])
-        page = paginator.paginate(Worker.objects.recent(now))
-        current = current_tasks(worker.worker_id for worker in page)
-        return paginator.response(
-            [
+
+        def render(page: list[Worker]) -> list[dict[str, Any]]:
+            current = current_tasks(worker.worker_id for worker in page)
+            return [
                 {
                     "worker_id": worker.worker_id,
                     "last_seen_at": isoformat(worker.last_seen_at),
@@ -246,4 +246,5 @@ class WorkerListView(APIView):
                 }
                 for worker in page
             ]
-        )
+
+        return paginator.answer(Worker.objects.recent(now), render)
