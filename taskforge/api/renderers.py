@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,11 +35,16 @@ class JSONRenderer(renderers.JSONRenderer):
     ) -> bytes:
         if data is None:
             return b""
-        if isinstance(data, Rendered):
-            return data.body
         # get_indent takes a false media type for none given (DRF passes None); its stubs want
         # a str.
-        if self.get_indent(accepted_media_type or "", renderer_context or {}) is not None:
+        indent = self.get_indent(accepted_media_type or "", renderer_context or {})
+        if isinstance(data, Rendered):
+            if indent is None:
+                return data.body
+            # Pretty, for a person reading (rare). Our own JSON: the stdlib's parser, which
+            # has no depth limit to trip on a payload nested 100 levels inside the page.
+            data = json.loads(data.body)
+        if indent is not None:
             return super().render(data, accepted_media_type, renderer_context)
         return render_json(data)
 
