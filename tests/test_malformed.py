@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -539,7 +540,14 @@ CASES += [
         "superscript two": "%C2%B2",
         "arabic digits": "%D9%A1%D9%A0",
         "spaces": "%205",
+        # Past Python's 4,300-digit limit, int() raises ValueError (a 500, before).
+        "5000 digits": "9" * 5000,
+        "5000 zeros": "0" * 5000,
     }.items()
+]
+CASES += [
+    query(path, "limit=" + "7" * 4301, ("limit",), f"{path}: limit of 4301 digits")
+    for path in (SCHEDULES, "/workers", "/audit", "/queues/{queue}/dlq")
 ]
 CASES += [
     query(TASKS, f"{name}={v}", (name,), f"list tasks: {name} {k}")
@@ -553,6 +561,7 @@ CASES += [
     }.items()
 ]
 _SOME_TIME = {"t": "2020-01-01T00:00:00+00:00"}
+_SOME_ID = "0b5e6a2c-8f5d-4b8e-9d0a-6f1f2a3b4c5d"
 CASES += [
     query(path, f"cursor={c}", ("cursor",), f"{path}: cursor {k}")
     for path, cursors in [
@@ -578,11 +587,19 @@ CASES += [
         (
             QUEUES,
             {
+                # A `\ud800` escape decodes to a lone surrogate, which Postgres refuses (a 500).
+                "lone surrogate": cursor(b'["\\ud800", "' + _SOME_ID.encode() + b'"]'),
+                "lone low surrogate": cursor(b'["a\\udfff", "' + _SOME_ID.encode() + b'"]'),
                 "strings": cursor(["a", "not-a-uuid"]),
                 "NUL in name": cursor(["a\u0000", "0b5e6a2c-8f5d-4b8e-9d0a-6f1f2a3b4c5d"]),
                 "time as id": cursor(["a", _SOME_TIME]),
                 "huge int id": cursor(["a", 10**50]),
             },
+        ),
+        ("/workers", {"lone surrogate": cursor(b'["\\ud800"]'), "NUL": cursor(["w\u0000"])}),
+        (
+            SCHEDULES,
+            {"lone surrogate": cursor(b'["n\\ud83d", "' + _SOME_ID.encode() + b'"]')},
         ),
         (
             EVENTS,
@@ -818,6 +835,64 @@ def test_malformed_input__answers_4xx_json_and_stores_nothing(
 
 
 # --- the boundaries of the limits above: just inside is accepted --------------
+
+
+# --- query strings Django refuses to parse ---------------------------------------
+
+MANY_PARAMS = "&".join(f"p{n}=1" for n in range(1001))
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "role"),
+    [
+        ("GET", QUEUES, "producer"),
+        ("GET", QUEUE, "worker"),
+        ("GET", TASKS, "producer"),
+        ("POST", "/workers/claim", "worker"),  # a hot endpoint, through DRF with a query
+        ("GET", "/workers", "admin"),
+        ("GET", "/audit", "admin"),
+        ("GET", "/api/schema/", None),  # public
+    ],
+)
+def test_query_string__over_1000_parameters_is_400_after_401(
+    method: str,
+    path: str,
+    role: str | None,
+    world: dict[str, str],
+    make_client: Callable[[str | None], APIClient],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Regression: Django's TooManyFieldsSent, raised by content negotiation before
+    authentication, was a 500 on every endpoint, logged with the whole URL."""
+    url = f"{path.format(**world)}?{MANY_PARAMS}"
+    if role is not None:
+        response = send_raw(make_client(None), method, url, b"{}", content_type=JSON)
+        assert response.status_code == status.HTTP_401_UNAUTHORIZED
+        assert response.json()["error"]["code"] == "unauthenticated"
+
+    response = send_raw(make_client(role), method, url, b"{}", content_type=JSON)
+
+    assert_error_body(
+        response, Case(method, url, b"", 400, "invalid", fields=("non_field_errors",))
+    )
+    assert "1000 parameters" in response.json()["error"]["message"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_query_string__1000_parameters_are_read(
+    world: dict[str, str], producer_client: APIClient
+) -> None:
+    params = "&".join(f"p{n}=1" for n in range(999))
+    response = producer_client.get(f"/queues/mq/tasks?{params}&limit=1")
+    assert response.status_code == status.HTTP_200_OK, response.content[:300]
+
+
+def test_limit__leading_zeros_past_4300_digits_are_still_the_number(
+    world: dict[str, str], producer_client: APIClient
+) -> None:
+    response = producer_client.get("/queues/mq/tasks?limit=" + "0" * 5000 + "1")
+    assert response.status_code == status.HTTP_200_OK, response.content[:300]
+    assert len(response.json()["results"]) == 1
 
 
 def test_payload_limit__payload_of_exactly_the_limit_is_accepted(

@@ -16,7 +16,7 @@ from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.functional import cached_property
 
 _M = TypeVar("_M", bound=Model)
@@ -59,17 +59,25 @@ class LookaheadChangeList(ChangeList):
 
 
 class GuardedAdmin(admin.ModelAdmin[_M]):
-    """Refuses (403) a posted action the user is not offered.
+    """Refuses (403) a posted action the user is not offered, and (400) a NUL in the
+    change list's filters or search.
 
     Each action declares `allowed_permissions`, and the admin offers it only
     to users with them (superusers hold every permission).  Unguarded, a
     posted action that is not offered comes back as "No action selected"
     (or the list again), which does not say that the user may not take it.
+
+    Postgres text cannot hold NUL: a filter on a field with choices
+    (`?status__exact=%00`) passed Django's checks and failed in the query, a 500.
     """
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        if any("\x00" in key or "\x00" in "".join(values) for key, values in request.GET.lists()):
+            return HttpResponseBadRequest(
+                "A filter or search holds a NUL character.", content_type="text/plain"
+            )
         name = request.POST.get("action") if request.method == "POST" else None
         if name is not None and name not in self.get_actions(request):
             raise PermissionDenied

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from dashboard.admin.base import GuardedAdmin
 from dlq.models import DeadLetterTask
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
@@ -286,3 +288,39 @@ def test_api_key_admin__shows_a_new_key_once_and_revokes(superuser_client: Clien
     api_key.refresh_from_db()
     assert api_key.revoked is True
     assert superuser_client.get(f"/admin/api/apikey/{api_key.pk}/delete/").status_code == 403
+
+
+def _filters_of(model_admin: Any) -> list[str]:
+    """The query parameters of a change list's filters and search box."""
+    names = ["q"] if model_admin.search_fields else []
+    for spec in model_admin.list_filter:
+        if isinstance(spec, str):
+            names += [spec, f"{spec}__exact", f"{spec}__id__exact"]
+        else:
+            names.append(spec.parameter_name)
+    return names
+
+
+ADMINS = [
+    (model, model_admin)
+    for model, model_admin in admin.site._registry.items()
+    if isinstance(model_admin, GuardedAdmin)
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "model_admin"), ADMINS, ids=[model.__name__ for model, _ in ADMINS]
+)
+def test_changelists__nul_in_a_filter_or_search_is_400(
+    model: Any, model_admin: Any, superuser_client: Client, world: dict[str, Any]
+) -> None:
+    """Regression: `?status__exact=%00` (any filter on a field with choices) reached
+    Postgres, which cannot hold NUL in text: a 500."""
+    url = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
+    names = _filters_of(model_admin)
+    assert names
+    for name in names:
+        for value in ("%00", "a%00b"):
+            response = superuser_client.get(f"{url}?{name}={value}")
+            assert response.status_code == 400, (name, value, response.status_code)
+    assert superuser_client.get(f"{url}?{names[0]}=x&{names[0]}=%00").status_code == 400

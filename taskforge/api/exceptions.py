@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import Http404
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -144,6 +145,10 @@ def error_answer(exc: Exception) -> tuple[int, dict[str, Any], dict[str, str]]:
         exc = drf.PermissionDenied()
     elif isinstance(exc, RequestDataTooBig):
         exc = PayloadTooLarge()
+    elif isinstance(exc, TooManyFieldsSent):
+        # Django's message names its setting; this one the limit (API.md: 400 `invalid`).
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        exc = drf.ValidationError(f"The query string has more than {limit} parameters.")
 
     if isinstance(exc, TaskForgeError):
         set_rollback()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from django.core.exceptions import TooManyFieldsSent
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
@@ -28,11 +29,17 @@ class ContentNegotiation(DefaultContentNegotiation):
         self, request: Request, renderers: Sequence[BaseRenderer], format_suffix: str | None = None
     ) -> tuple[BaseRenderer, str]:
         first = renderers[0]
+        try:
+            format_override = api_settings.URL_FORMAT_OVERRIDE in request.query_params
+        except TooManyFieldsSent:
+            # Negotiation comes before authentication: the 400 comes once the key is known
+            # (taskforge.api.permissions), in JSON.
+            return first, first.media_type
         if (
             first.media_type == "application/json"
             and request.META.get("HTTP_ACCEPT", "") in JSON_ACCEPTS
             and not format_suffix
-            and api_settings.URL_FORMAT_OVERRIDE not in request.query_params
+            and not format_override
         ):
             return first, first.media_type
         chosen: tuple[BaseRenderer, str] = super().select_renderer(

@@ -52,7 +52,9 @@ def decode(cursor: str, width: int) -> list[Any]:
 
     Raises:
         BadCursor: not base64 of a JSON list of that many plain values (nested
-            no deeper than jsonutil.MAX_DEPTH, like any JSON TaskForge reads).
+            no deeper than jsonutil.MAX_DEPTH, like any JSON TaskForge reads),
+            or a string that is not valid Unicode without NUL (a `\\ud800`
+            escape decodes to a lone surrogate, which no column can hold).
     """
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
@@ -65,11 +67,20 @@ def decode(cursor: str, width: int) -> list[Any]:
     if any(
         isinstance(v, bool)
         or not isinstance(v, str | int | datetime)
-        or (isinstance(v, str) and "\x00" in v)  # Postgres text cannot hold NUL
+        or (isinstance(v, str) and not _is_text(v))
         for v in values
     ):
         raise BadCursor()
     return values
+
+
+def _is_text(value: str) -> bool:
+    """Text Postgres can hold: valid Unicode (no lone surrogate) without NUL."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in value
 
 
 def values_of(row: Model, ordering: Sequence[str]) -> list[Any]:
