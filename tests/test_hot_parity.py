@@ -8,6 +8,9 @@ when DRF's serializers still validated them; this test replays the rows and
 compares.  A new malformed input is one more row: record its answer with
 `TASKFORGE_RECORD_PARITY=1 pytest tests/test_hot_parity.py` (and read the
 diff of the JSON file: a changed answer is a breaking change, API.md).
+One change was recorded on purpose: a padded `worker_id` (" w-1 ") is 400
+`invalid` since API.md v1.2 ("Strings are taken as sent"), where it was
+trimmed and served.
 """
 
 from __future__ import annotations

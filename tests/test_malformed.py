@@ -168,6 +168,13 @@ CASES += [
         "slash": "a/b",
         "non-ascii": "caf\u00e9",
         "101 chars": "q" * 101,
+        # Taken as sent (API.md Security v1.2): never trimmed.
+        "leading space": " q",
+        "trailing space": "q ",
+        "trailing newline": "q\n",
+        "tab": "\tq",
+        "control character": "q\u0001",
+        "C1 control": "q\u0085",
     }.items()
 ]
 CASES += [
@@ -471,6 +478,35 @@ CASES += [
     unsupported("POST", BATCH, raw(batch_of(OK)), "text/plain", "batch: text/plain"),
 ]
 
+# --- the worker protocol: a worker id and queue names as sent ------------------
+WORKER_BODIES: dict[str, dict[str, Any]] = {
+    "/workers/claim": {"queues": ["mq"]},
+    "/workers/heartbeat": {"task_id": "6f1c1f9e-8a51-4a7e-9a43-3c1b9f7d2a10"},
+    "/workers/heartbeat/batch": {"items": [{"task_id": "6f1c1f9e-8a51-4a7e-9a43-3c1b9f7d2a10"}]},
+    "/workers/ack": {"task_id": "6f1c1f9e-8a51-4a7e-9a43-3c1b9f7d2a10"},
+    "/workers/ack/batch": {"items": [{"task_id": "6f1c1f9e-8a51-4a7e-9a43-3c1b9f7d2a10"}]},
+    "/workers/nack": {"task_id": "6f1c1f9e-8a51-4a7e-9a43-3c1b9f7d2a10", "error": "boom"},
+}
+CASES += [
+    invalid("POST", path, {**body, "worker_id": v}, ("worker_id",), f"{path}: worker_id {k}")
+    for path, body in WORKER_BODIES.items()
+    for k, v in {
+        "padded with a newline": " w1\n",
+        "trailing newline": "w1\n",
+        "leading tab": "\tw1",
+        "trailing space": "w1 ",
+        "control character": "w\u00011",
+    }.items()
+]
+CASES += [
+    invalid("POST", "/workers/claim", {"worker_id": "w1", "queues": v}, (f,), f"claim: queues {k}")
+    for k, v, f in [
+        ("leading space", [" mq"], "queues[0]"),
+        ("trailing newline", ["x", "mq\n"], "queues[1]"),
+        ("control character", ["m\u0001q"], "queues[0]"),
+    ]
+]
+
 # --- wrong content type everywhere a body is read ----------------------------
 CASES += [
     unsupported("POST", QUEUES, raw({"name": "q"}), "text/plain", "create queue: text/plain"),
@@ -695,7 +731,15 @@ CASES += [
 CRON = {"name": "new", "cron": "@daily", "payload": 1}
 CASES += [
     invalid("POST", SCHEDULES, {**CRON, "name": v}, ("name",), f"create schedule: name {k}")
-    for k, v in {**NOT_A_STRING, "empty": "", "slash": "a/b", "NUL": "a\u0000b"}.items()
+    for k, v in {
+        **NOT_A_STRING,
+        "empty": "",
+        "slash": "a/b",
+        "NUL": "a\u0000b",
+        "leading space": " new",
+        "trailing newline": "new\n",
+        "control character": "n\u007fw",
+    }.items()
 ]
 CASES += [
     invalid("POST", SCHEDULES, {**CRON, "cron": v}, ("cron",), f"create schedule: cron {k}")

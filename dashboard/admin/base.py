@@ -9,8 +9,10 @@ row, so it knows whether a next page exists, and the change list shows
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
@@ -18,6 +20,10 @@ from django.core.paginator import Paginator
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.functional import cached_property
+
+from queues.models import is_queue_name
+
+QUEUE_NAME_MESSAGE = "Use 1 to 100 of A-Z a-z 0-9 _ . - , starting with a letter or digit."
 
 _M = TypeVar("_M", bound=Model)
 
@@ -110,6 +116,34 @@ class LargeTableAdmin(GuardedAdmin[Any]):
         except ValueError:
             page_number = 1
         return LookaheadPaginator(queryset, per_page, page_number=page_number)
+
+
+class AsSentNameForm(forms.ModelForm[Any]):
+    """A form whose `name` is taken as typed (API.md "Strings are taken as sent"):
+    Django's form fields trim by default, which made " q" the queue "q".
+
+    `name_rule` returns why a name cannot be, or None.
+    """
+
+    name_rule: Callable[[str], str | None]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields.get("name")
+        if isinstance(field, forms.CharField):
+            field.strip = False
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"]
+        problem = type(self).name_rule(name)
+        if problem is not None:
+            raise forms.ValidationError(problem)
+        return name
+
+
+def queue_name_problem(name: str) -> str | None:
+    """A queue's or a schedule's name: the API's rule (`queues.models.is_queue_name`)."""
+    return None if is_queue_name(name) else QUEUE_NAME_MESSAGE
 
 
 class ReadOnlyAdminMixin:

@@ -15,7 +15,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from dashboard.admin.base import GuardedAdmin
+from dashboard.admin.base import AsSentNameForm, GuardedAdmin
 from taskforge.api import keys
 from taskforge.api.models import ApiKey
 from taskforge.audit.log import of_request
@@ -24,8 +24,25 @@ from taskforge.audit.log import of_request
 _ISSUED_KEY = "_taskforge_issued_key"
 
 
+def _key_name_problem(name: str) -> str | None:
+    try:
+        keys.check_name(name)
+    except keys.InvalidKeyName as exc:
+        return exc.message
+    return None
+
+
+class ApiKeyForm(AsSentNameForm):
+    name_rule = staticmethod(_key_name_problem)
+
+    class Meta:
+        model = ApiKey
+        fields = ("name", "role")
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(GuardedAdmin[ApiKey]):
+    form = ApiKeyForm
     list_display = ("name", "role", "created_at", "last_used_at", "revoked")
     list_filter = ("role", "revoked")
     search_fields = ("name",)

@@ -17,7 +17,7 @@ from django.urls import reverse, reverse_lazy
 from django.utils.html import format_html
 
 from dashboard import roles
-from dashboard.admin.base import GuardedAdmin
+from dashboard.admin.base import AsSentNameForm, GuardedAdmin, queue_name_problem
 from queues import push, services
 from queues.models import Queue
 from taskforge.audit.log import of_request
@@ -31,14 +31,17 @@ admin.site.site_title = "TaskForge admin"
 admin.site.index_title = "Data"
 
 
-class QueueForm(forms.ModelForm[Queue]):
-    """The admin's queue form: `push` checked by the API's own rule (queues.push).
+class QueueForm(AsSentNameForm):
+    """The admin's queue form: `push` checked by the API's own rule (queues.push), the
+    name as typed.
 
     `push` is shown redacted, to superusers too (API.md v1.2 "Secrets in push
     settings"), and what comes back is read by `push.unredacted`: a header value
     left `[redacted]`, or the URL left as shown, keeps the stored secret, so a
     change of another field (or of the timeout) never wipes the credentials.
     """
+
+    name_rule = staticmethod(queue_name_problem)
 
     class Meta:
         model = Queue

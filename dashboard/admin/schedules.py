@@ -12,14 +12,16 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from dashboard import roles
-from dashboard.admin.base import GuardedAdmin
+from dashboard.admin.base import AsSentNameForm, GuardedAdmin, queue_name_problem
 from taskforge.audit.log import of_request
 from taskforge.lib import cron
 from tasks import schedules
 from tasks.models import Schedule
 
 
-class ScheduleForm(forms.ModelForm[Schedule]):
+class ScheduleForm(AsSentNameForm):
+    name_rule = staticmethod(queue_name_problem)
+
     class Meta:
         model = Schedule
         fields = (

@@ -32,6 +32,7 @@ from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from taskforge.api import fields as drf_fields
+from taskforge.lib import names
 from taskforge.lib.timeutil import parse_time
 
 Errors = dict[str, list[str]]
@@ -173,7 +174,11 @@ class Bool(Rule):
 
 
 class Str(Rule):
-    """A JSON string; trimmed unless `trim=False`; blank (after trimming) is refused."""
+    """A JSON string; trimmed unless `trim=False`; blank (after trimming) is refused.
+
+    `as_sent`: never trimmed, and whitespace at either end or a control character
+    anywhere is refused (`taskforge.lib.names`); blank is still "may not be blank".
+    """
 
     def __init__(
         self,
@@ -181,6 +186,7 @@ class Str(Rule):
         min_length: int | None = None,
         max_length: int | None = None,
         trim: bool = True,
+        as_sent: bool = False,
         pattern: str | None = None,
         pattern_message: str = "",
         **kw: Any,
@@ -188,14 +194,15 @@ class Str(Rule):
         super().__init__(**kw)
         self.min_length = min_length
         self.max_length = max_length
-        self.trim = trim
+        self.trim = trim and not as_sent
+        self.as_sent = as_sent
         self.pattern = pattern
         self.pattern_message = pattern_message
         self._search = re.compile(pattern).search if pattern else None
 
     def clean(self, value: Any, path: str, errors: Errors) -> Any:
         # DRF's CharField: the blank check comes before the null and type checks.
-        if value == "" or (self.trim and str(value).strip() == ""):
+        if value == "" or ((self.trim or self.as_sent) and str(value).strip() == ""):
             return _fail(errors, path, "This field may not be blank.")
         return super().clean(value, path, errors)
 
@@ -205,6 +212,8 @@ class Str(Rule):
         if self.trim:
             value = value.strip()
         messages = []
+        if self.as_sent and (problem := names.as_sent_problem(value)) is not None:
+            return _fail(errors, path, problem)
         if self.max_length is not None and len(value) > self.max_length:
             messages.append(f"Ensure this field has no more than {self.max_length} characters.")
         if self.min_length is not None and len(value) < self.min_length:
@@ -223,7 +232,15 @@ class Str(Rule):
         )
         if self.pattern:
             field.validators.append(RegexValidator(self.pattern, self.pattern_message))
+        if self.as_sent:
+            field.validators.append(_as_sent_validator)
         return field
+
+
+def _as_sent_validator(value: str) -> None:
+    problem = names.as_sent_problem(value)
+    if problem is not None:
+        raise serializers.ValidationError(problem)
 
 
 def parse_uuid_text(value: Any) -> str | None:

@@ -13,10 +13,31 @@ from taskforge.api import revocation
 from taskforge.api.models import ApiKey
 from taskforge.audit.log import Actor, record
 from taskforge.audit.models import Action
+from taskforge.errors import TaskForgeError
+from taskforge.lib import names
+
+
+class InvalidKeyName(TaskForgeError):
+    """Not a name an API key can have."""
+
+    code = "invalid"
+    status_code = 400
+
+
+def check_name(name: str) -> None:
+    """Raises InvalidKeyName unless `name` can be a key's name as given (never trimmed)."""
+    problem = names.as_sent_problem(name)
+    if problem is not None:
+        raise InvalidKeyName(f"API key name {name!r}: {problem}")
 
 
 def issue(name: str, role: str, *, actor: Actor) -> tuple[ApiKey, str]:
-    """Create a key; return the row and the key itself, which is never stored."""
+    """Create a key; return the row and the key itself, which is never stored.
+
+    Raises:
+        InvalidKeyName: whitespace at either end of `name`, or a control character.
+    """
+    check_name(name)
     with transaction.atomic():
         api_key, key = ApiKey.issue(name=name, role=role)
         record(

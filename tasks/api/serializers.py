@@ -155,6 +155,7 @@ class TaskListQuerySerializer(QuerySerializer):
     """Query parameters of GET /queues/:name/tasks (all optional)."""
 
     status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
-    claimed_by = serializers.CharField(max_length=200, required=False)
+    # A worker id as sent: `claimed_by=%20w1` finds no task of "w1".
+    claimed_by = serializers.CharField(max_length=200, trim_whitespace=False, required=False)
     created_after = TimeField(required=False)
     created_before = TimeField(required=False)

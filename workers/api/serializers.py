@@ -13,8 +13,12 @@ MAX_BATCH = 100
 
 # The bodies of the worker protocol (API.md), in one place: the views validate with
 # these rules, and the OpenAPI document reads the serializers built from them.
+# As sent (API.md): " w1\n" is refused, not read as "w1".
 WORKER = bodies.Str(
-    max_length=200, pattern=WORKER_ID, pattern_message="1 to 200 of A-Z a-z 0-9 . _ : @ -"
+    max_length=200,
+    as_sent=True,
+    pattern=WORKER_ID,
+    pattern_message="1 to 200 of A-Z a-z 0-9 . _ : @ -",
 )
 ATTEMPT = bodies.Int(min_value=1, max_value=2**31 - 1, required=False)
 RESULT = bodies.AnyJSON(
@@ -25,7 +29,9 @@ CLAIM = bodies.Obj(
     "ClaimSerializer",
     {
         "worker_id": WORKER,
-        "queues": bodies.ListOf(bodies.Str(max_length=100), min_length=1, max_length=20),
+        "queues": bodies.ListOf(
+            bodies.Str(max_length=100, as_sent=True), min_length=1, max_length=20
+        ),
         "max_tasks": bodies.Int(min_value=1, max_value=100, default=1),
         "wait_seconds": bodies.Number(min_value=0, max_value=30, default=0),
     },

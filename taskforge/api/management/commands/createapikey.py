@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from taskforge.api import keys
 from taskforge.api.models import Role
@@ -19,6 +19,9 @@ class Command(BaseCommand):
         parser.add_argument("--role", required=True, choices=Role.values)
 
     def handle(self, *args: Any, name: str, role: str, **options: Any) -> None:
-        _, key = keys.issue(name=name, role=role, actor=CLI)
+        try:
+            _, key = keys.issue(name=name, role=role, actor=CLI)
+        except keys.InvalidKeyName as exc:
+            raise CommandError(exc.message) from exc  # on stderr, exit status 1
         # The key alone on stdout, so scripts can capture it.
         self.stdout.write(key)

@@ -21,6 +21,10 @@ class Command(BaseCommand):
         parser.add_argument("name", help="The name the key was created with.")
 
     def handle(self, *args: Any, name: str, **options: Any) -> None:
+        try:
+            keys.check_name(name)  # " ci" is not "ci": no key could be named so
+        except keys.InvalidKeyName as exc:
+            raise CommandError(exc.message) from exc
         if not ApiKey.objects.filter(name=name).exists():
             # CommandError: the message on stderr, exit status 1.
             raise CommandError(f"No API key named {name!r}.")
