@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
+from django.forms import Form
 from django.test import Client
 
+from dashboard.forms import AuditFilterForm, DlqFilterForm, TaskSearchForm
 from dashboard.tests.pages import ANY_ID, D
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
@@ -98,3 +100,24 @@ def test_actions__accept_a_post_with_the_csrf_token(csrf_client: Client) -> None
 
     assert response.status_code == 302
     assert Queue.objects.get(name="q").paused is True
+
+
+FILTERS = {
+    f"{D}/tasks/": TaskSearchForm,
+    f"{D}/dlq/": DlqFilterForm,
+    f"{D}/audit/": AuditFilterForm,
+}
+
+
+@pytest.mark.parametrize(("page", "form"), FILTERS.items(), ids=["tasks", "dlq", "audit"])
+def test_filters__nul_in_any_filter_is_refused_by_the_page(
+    page: str, form: type[Form], viewer_client: Client
+) -> None:
+    """API.md Security (v1.2): a NUL in a dashboard filter never gives a 5xx; the page
+    shows itself with that filter refused."""
+    QueueFactory(name="q")
+    for name in form.base_fields:
+        for value in ("%00", "a%00b", "q%00"):
+            response = viewer_client.get(f"{page}?{name}={value}")
+            assert response.status_code == 200, (name, value, response.status_code)
+            assert response.context["form"].errors, (name, value)
