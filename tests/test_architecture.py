@@ -154,7 +154,6 @@ def test_circles__found_at_any_length() -> None:
 # (docs/architecture.md, "Long modules, and why").
 LONG_MODULES = {
     "bench/run.py": "the benchmark: one program driven by `make bench`",
-    "workers/pusher.py": "push delivery's loop and its asyncio sender, to be split",
     "tests/test_faults.py": "the real-process fault suite around one shared service",
     "tests/test_malformed.py": "one table-driven sweep of bad input over every endpoint",
     "tests/test_metrics.py": "one scrape format end to end",
