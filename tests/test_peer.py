@@ -1,15 +1,16 @@
-"""taskforge.api.peer: telling that a long poll's client hung up."""
+"""taskforge.api.peer: the client's address, and telling that a long poll's client hung up."""
 
 from __future__ import annotations
 
 import os
 import resource
 import socket
+from typing import Any
 
 import pytest
 from django.test import RequestFactory
 
-from taskforge.api.peer import disconnected
+from taskforge.api.peer import client_address, disconnected
 
 
 def request_on(sock: socket.socket | None):
@@ -61,3 +62,28 @@ def test_disconnected__a_descriptor_over_1024_is_still_read() -> None:
         high.close()
         server.close()
         client.close()
+
+
+def test_client_address__the_peer_without_a_trusted_proxy() -> None:
+    request = RequestFactory().get("/", REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="192.0.2.1")
+    assert client_address(request) == "10.0.0.2"  # anyone can send the header
+
+
+@pytest.mark.parametrize(
+    ("forwarded", "expected"),
+    [
+        ("192.0.2.1", "192.0.2.1"),
+        ("198.51.100.5, 192.0.2.1", "192.0.2.1"),  # the first came from the client
+        ("198.51.100.5,192.0.2.1 ", "192.0.2.1"),
+        ("", "10.0.0.2"),
+        (None, "10.0.0.2"),
+    ],
+)
+def test_client_address__behind_a_trusted_proxy_the_address_it_appended(
+    settings: Any, forwarded: str | None, expected: str
+) -> None:
+    settings.TASKFORGE_TRUST_PROXY = True
+    request = RequestFactory().get("/", REMOTE_ADDR="10.0.0.2")
+    if forwarded is not None:
+        request.META["HTTP_X_FORWARDED_FOR"] = forwarded
+    assert client_address(request) == expected

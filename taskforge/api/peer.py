@@ -1,4 +1,4 @@
-"""Is the client of a request still connected?  For long polls."""
+"""The client of a request: its address, and whether it is still connected."""
 
 from __future__ import annotations
 
@@ -6,8 +6,28 @@ import select
 import socket
 from collections.abc import Callable
 
+from django.conf import settings
 from django.http import HttpRequest
 from rest_framework.request import Request
+
+
+def client_address(request: HttpRequest) -> str | None:
+    """The address of the client that sent `request`, as the request log and
+    sign-in throttling name it.
+
+    The peer of the connection (`REMOTE_ADDR`), unless a proxy is trusted to be
+    in front (TASKFORGE_TRUST_PROXY): then every request comes from the proxy,
+    and the client is the last address of `X-Forwarded-For`, the one the proxy
+    itself appended (or set); the earlier ones came from the client and prove
+    nothing.  Without the header, the peer.
+    """
+    if settings.TASKFORGE_TRUST_PROXY:
+        forwarded: str = request.META.get("HTTP_X_FORWARDED_FOR", "")
+        last = forwarded.rpartition(",")[2].strip()
+        if last:
+            return last
+    address: str | None = request.META.get("REMOTE_ADDR")
+    return address
 
 
 def disconnected(request: HttpRequest | Request) -> Callable[[], bool] | None:

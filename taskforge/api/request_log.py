@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
+from taskforge.api.peer import client_address
 from taskforge.lib import logging as json_logging
 
 logger = logging.getLogger("taskforge.request")
@@ -53,7 +54,7 @@ def log_request(request: HttpRequest, response: HttpResponseBase, started: float
             "path": request.path,
             "status": response.status_code,
             "duration_ms": round((time.perf_counter() - started) * 1000, 3),
-            "remote_addr": request.META.get("REMOTE_ADDR"),
+            "remote_addr": client_address(request),
             "pid": os.getpid(),
         },
     )
