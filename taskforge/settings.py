@@ -7,6 +7,7 @@ Secure by default: DEBUG is off and SECRET_KEY and DATABASE_URL are required.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import django_stubs_ext
@@ -115,6 +116,8 @@ INSTALLED_APPS = [
     "workers",
     "dlq",
     "dashboard",
+    # Sign-in throttling (dashboard.signin); its tables come with its migrations.
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -137,6 +140,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # django-prometheus's, with its labelled children looked up once per process.
     "taskforge.api.middleware.PrometheusAfterMiddleware",
+    # Turns a sign-in axes refused into the locked login form (AXES_LOCKOUT_CALLABLE).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "taskforge.urls"
@@ -262,6 +267,39 @@ SECURE_HSTS_SECONDS = env.int("TASKFORGE_HSTS_SECONDS", default=31_536_000)
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
 
+# People (API.md "Security (v1.2)"): staff passwords set through the admin's forms,
+# `changepassword` and `createsuperuser` pass these.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# Sign-in throttling by django-axes (dashboard.signin): 5 failures per user name or 20
+# per client address within the cool-off lock it out for the cool-off.  axes' backend
+# comes first: it refuses a locked-out sign-in before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# The attempts live in Postgres (axes' database handler), with the rest of the truth:
+# Django's cache drops writes when Redis is slow or down, which would let guesses through.
+AXES_HANDLER = "dashboard.signin.SignInAttempts"
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_FAILURE_LIMIT = 1  # the handler counts limits reached, one per parameter (dashboard.signin)
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+# A refused sign-in does not count as a failure: the lock ends 15 minutes after it began.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_CLIENT_IP_CALLABLE = "taskforge.api.peer.client_address"
+AXES_LOCKOUT_CALLABLE = "dashboard.signin.locked_out"
+# No table of successful sign-ins, growing for ever, and no admin pages of axes' own.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_ENABLE_ADMIN = False
+AXES_VERBOSE = False
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["taskforge.api.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["taskforge.api.permissions.HasRole"],
@@ -306,5 +344,7 @@ LOGGING = {
     "loggers": {
         "django.request": {"level": "ERROR"},
         "django.server": {"level": "WARNING"},
+        # django-axes narrates every sign-in at INFO; its warnings (failures) stay.
+        "axes": {"level": "WARNING"},
     },
 }

@@ -2,11 +2,13 @@
 
 A call of the task lifecycle (taskforge.api.hot) with a plain JSON body goes
 through Django's handler like any request, but not through MIDDLEWARE's
-thirteen nested layers: the lane calls the hooks of the middleware that have
+fourteen nested layers: the lane calls the hooks of the middleware that have
 work to do for it, in the chain's order, and nothing of the five that pass a
-hot call by (taskforge.api.middleware).  Measured with two services side by
-side, calls interleaved (docs/operations.md, "Serving model"): 11 % less API
-CPU per enqueue (median of 8 pairs), claim and ack within the noise.
+hot call by (taskforge.api.middleware), nor of django-axes' (it answers a
+sign-in that axes refused, and a hot call, by API key, never signs in).
+Measured with two services side by side, calls interleaved (docs/operations.md,
+"Serving model"): 11 % less API CPU per enqueue (median of 8 pairs), claim and
+ack within the noise.
 
 What the call's answer, its `http.request` log line and its metrics are is the
 chain's, hook for hook (`MIRRORED` is the chain this was written against; a
@@ -96,6 +98,7 @@ MIRRORED = [
     "taskforge.api.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "taskforge.api.middleware.PrometheusAfterMiddleware",
+    "axes.middleware.AxesMiddleware",
 ]
 
 
