@@ -309,8 +309,10 @@ class Buffer:
         """Drop the running sets of queues without a cap (a new cap counts afresh)."""
         pipe = self.client.pipeline(transaction=False)
         for queue_id in queue_ids:
-            # One DEL per queue: both keys share its hash tag (one cluster slot).
-            pipe.delete(running_key(queue_id), counted_key(queue_id))
+            # One key per DEL: a cluster pipeline refuses a DEL of several keys,
+            # even of one slot (it raised, and failed every watchdog tick).
+            pipe.delete(running_key(queue_id))
+            pipe.delete(counted_key(queue_id))
         pipe.execute()
 
     def now_ms(self) -> int:

@@ -46,8 +46,9 @@ from queues.tests.factories import QueueFactory
 from taskforge.api.health import forget_readiness
 from taskforge.lib.cache import RedisClusterCache
 from taskforge.lib.redisconn import connect
-from tasks.buffer import ready_key
+from tasks.buffer import counted_key, ready_key, running_key
 from tasks.models import Task, TaskStatus
+from tasks.tests.factories import TaskFactory, age_lease
 from tests.helpers import assert_error
 from tests.rediscluster import RedisCluster, redis_server
 from tests.service import Service
@@ -74,6 +75,7 @@ from tests.test_faults import (  # noqa: F401  (fixtures and tests run here agai
     wait_for,
 )
 from workers import heartbeats
+from workers.watchdog import WatchdogLoop
 
 pytestmark = [
     pytest.mark.postgres,
@@ -157,6 +159,47 @@ def test_heartbeats__one_pipeline_over_tasks_on_every_node(
     heartbeats.record(task_ids[:3], at + timedelta(seconds=10))
     assert heartbeats.history("t0") == [at + timedelta(seconds=10), at]
     assert all(heartbeats.history(t) == [at] for t in task_ids[3:])
+
+
+def test_buffer__forget_running_drops_the_sets_on_every_node(
+    cluster: RedisCluster, redis_client: ClusterClient
+) -> None:
+    buffer = tasks.buffer.get_buffer()
+    queue_ids = [f"q{n}" for n in range(30)]  # hash tags on every node
+    for queue_id in queue_ids:
+        buffer.count(queue_id, ["a", "b"], mark_ttl_ms=0)
+
+    buffer.forget_running(queue_ids[:20])
+    buffer.forget_queue(queue_ids[29])
+
+    left = [redis_client.exists(running_key(q), counted_key(q)) for q in queue_ids]
+    assert left == [0] * 20 + [2] * 9 + [0]
+
+
+def test_watchdog__a_tick_reclaims_expired_leases_and_rebuffers_lost_tasks(
+    cluster: RedisCluster, redis_client: ClusterClient
+) -> None:
+    """Regression: on a cluster every watchdog tick failed once an uncapped queue
+    existed (its running set was dropped with one two-key DEL in a pipeline, which
+    redis-py's cluster pipeline refuses), after the lease check and before the lost
+    tasks were put back; the loop backed off to 10 s between ticks, so an expired
+    lease was reclaimed up to 10 s late and a zombie worker's late heartbeat could
+    win it back."""
+    expired = TaskFactory(status=TaskStatus.EXECUTING)
+    age_lease(expired.pk, 60)
+    lost = TaskFactory(queue=expired.queue, status=TaskStatus.CLAIMED)
+    Task.objects.filter(pk=lost.pk).update(
+        status_changed_at=datetime.now(UTC) - timedelta(minutes=1)
+    )
+    key = ready_key(expired.queue_id)
+    redis_client.zrem(key, str(lost.pk))  # the buffer lost it
+    loop = WatchdogLoop()
+
+    loop._safe_tick()
+
+    assert loop.failures == 0
+    assert Task.objects.get(pk=expired.pk).status == TaskStatus.RETRY
+    assert redis_client.zscore(key, str(lost.pk)) is not None
 
 
 @pytest.mark.timeout(150)
