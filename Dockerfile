@@ -17,7 +17,8 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /app
 COPY . /app
 
-# venv in /opt/venv, TaskForge installed without dev/test extras, static files
+# venv in /opt/venv; the runtime dependencies as uv.lock pins them, hashes checked
+# (requirements/service.txt: no dev or test extras), then TaskForge; static files
 # collected into $STATIC_ROOT with throwaway SECRET_KEY and DATABASE_URL.
 RUN sh deploy/build.sh /app /opt/venv
 

@@ -3,12 +3,18 @@
 #   make run    API on http://localhost:8080 (+ embedded Postgres and Redis unless
 #               DATABASE_URL and REDIS_URL are set)
 #   make test   the whole test suite; extra pytest arguments: make test ARGS="-k foo"
+#
+# Every install is the locked set: uv.lock (one resolution for Linux x86-64 and arm64 and
+# macOS, every Python from 3.11 on, each file's hash), exported to requirements/*.txt and
+# installed by plain pip with --require-hashes.  `make lock` refreshes the lock on purpose.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(abspath $(VENV))/bin
-# Reinstall when pyproject.toml is newer than this file.
+# Reinstall when the lock's export for development is newer than this file.
 STAMP := $(VENV)/.installed
+REQUIREMENTS := requirements
+PIP_INSTALL := $(VENV)/bin/python -m pip install --disable-pip-version-check -q
 BROWSER_STAMP := $(VENV)/.browser
 PGBOUNCER_STAMP := $(VENV)/.pgbouncer
 DATA := .taskforge
@@ -19,7 +25,7 @@ export PATH := $(BIN):$(PATH)
 export VIRTUAL_ENV := $(abspath $(VENV))
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint fmt audit audit-code audit-deps bench clean
+.PHONY: help run test lint fmt audit audit-code audit-deps bench lock lock-upgrade clean
 
 help:
 	@echo "make run     start the API on http://localhost:8080 (Ctrl-C stops everything)"
@@ -28,15 +34,24 @@ help:
 	@echo "make fmt     format and autofix with ruff"
 	@echo "make audit   bandit over the code, pip-audit over the installed packages (needs the network)"
 	@echo "make bench   throughput and latency figures (ARGS=\"--runs 5\" passes arguments)"
+	@echo "make lock    re-resolve uv.lock after a change to pyproject.toml's dependencies"
+	@echo "make lock-upgrade  move every locked package to its newest allowed version"
 	@echo "make clean   remove .venv and the local data in $(DATA)/"
 
-$(STAMP): pyproject.toml
+# The lock's pins with their hashes, then TaskForge itself (editable, built by the locked
+# setuptools: no build isolation, so nothing unpinned is fetched for the build).
+define install_locked
+	$(PIP_INSTALL) --require-hashes --no-deps -r $(1)
+	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
+endef
+
+$(STAMP): uv.lock $(REQUIREMENTS)/dev.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "TaskForge needs Python 3.11 or newer as '$(PYTHON)'; try: make PYTHON=python3.12 ..." >&2; \
 	  exit 1; }
 	@test -x $(VENV)/bin/python || { echo "Creating $(VENV)"; $(PYTHON) -m venv $(VENV); }
-	@echo "Installing TaskForge and its dependencies into $(VENV)"
-	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -e '.[local,test]'
+	@echo "Installing TaskForge and its locked dependencies into $(VENV)"
+	$(call install_locked,$(REQUIREMENTS)/dev.txt)
 	@touch $@
 
 # Migrate, create an admin API key the first time (.taskforge/admin_api_key), then run the
@@ -108,12 +123,50 @@ audit-deps: $(STAMP)
 # separate load processes and prints a table and one JSON line. About 2-3 minutes.
 # The Celery peer row needs Celery (the `bench` extra), installed once beside the rest.
 BENCH_STAMP := $(VENV)/.bench
-$(BENCH_STAMP): pyproject.toml | $(STAMP)
-	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -e '.[local,test,bench]'
+$(BENCH_STAMP): uv.lock $(REQUIREMENTS)/bench.txt | $(STAMP)
+	$(call install_locked,$(REQUIREMENTS)/bench.txt)
 	@touch $@
 
 bench: $(STAMP) $(BENCH_STAMP)
 	@$(DEVSERVICES) run --throwaway -- python bench/run.py $(ARGS)
+
+# The lock.  `make lock` re-resolves uv.lock after pyproject.toml's dependencies changed,
+# keeping every other pin (ARGS="--upgrade-package NAME" moves one package);
+# `make lock-upgrade` moves every package to the newest version pyproject.toml allows.
+# Both then export the requirement files every install reads:
+#   requirements/dev.txt      make run, make test, make lint (extras local and test)
+#   requirements/bench.txt    make bench (also the bench extra)
+#   requirements/service.txt  the container image (deploy/build.sh: no extra)
+#   requirements/uv.txt       uv itself, installed here by the first `make lock`
+# A refreshed lock is a change of every install: run the whole suite (make lint, make
+# test, make bench's peer row) on it before committing it.  tests/test_lock.py fails while
+# pyproject.toml, uv.lock and requirements/ disagree.
+UV := $(BIN)/uv
+UV_EXPORT := $(UV) export --frozen --no-emit-project --no-header --no-default-groups
+LOCK_HEADER := \# Exported from uv.lock by make lock; do not edit.
+
+$(UV): | $(STAMP)
+	$(PIP_INSTALL) --require-hashes --no-deps -r $(REQUIREMENTS)/uv.txt
+
+define export_lock
+	@mkdir -p $(REQUIREMENTS)
+	@for set in "dev:--extra local --extra test" "bench:--extra local --extra test --extra bench" \
+	            "service:" "uv:--only-group lock"; do \
+	  name=$${set%%:*}; options=$${set#*:}; \
+	  case $$options in --only-group*) groups=;; *) groups="--group build";; esac; \
+	  { echo "$(LOCK_HEADER)"; $(UV_EXPORT) $$groups $$options; } > $(REQUIREMENTS)/$$name.txt \
+	    || exit 1; \
+	  echo "wrote $(REQUIREMENTS)/$$name.txt"; \
+	done
+endef
+
+lock: $(UV)
+	$(UV) lock $(ARGS)
+	$(export_lock)
+
+lock-upgrade: $(UV)
+	$(UV) lock --upgrade $(ARGS)
+	$(export_lock)
 
 clean:
 	@if [ -x $(VENV)/bin/python ] && [ -d $(DATA) ]; then \

@@ -8,8 +8,10 @@
 #          default /app. The app runs from here: settings.BASE_DIR is this dir.
 # VENV_DIR the virtualenv to create and install into; default /opt/venv.
 #
-# Steps: create the venv, install TaskForge and its runtime dependencies (no
-# dev or test extras) from APP_DIR, then collect static files into
+# Steps: create the venv, install TaskForge's runtime dependencies (no dev or
+# test extras) as the lock pins them, with their hashes
+# (APP_DIR/requirements/service.txt, exported from uv.lock by `make lock`), then
+# TaskForge itself from APP_DIR, then collect static files into
 # $STATIC_ROOT (default APP_DIR/staticfiles). SECRET_KEY and DATABASE_URL get
 # throwaway values for collectstatic only: it connects to nothing, and the
 # real values come from the container's environment at run time.
@@ -29,11 +31,15 @@ STATIC_ROOT=${STATIC_ROOT:-$APP_DIR/staticfiles}
 echo "build.sh: virtualenv $VENV_DIR"
 "$PYTHON" -m venv "$VENV_DIR"
 
-echo "build.sh: installing TaskForge from $APP_DIR"
+echo "build.sh: installing the locked dependencies and TaskForge from $APP_DIR"
+pip_install() {
+    "$VENV_DIR/bin/python" -m pip install --no-cache-dir --disable-pip-version-check -q "$@"
+}
+pip_install --require-hashes --no-deps -r "$APP_DIR/requirements/service.txt"
 # Editable: the code stays in APP_DIR, next to the templates and static files
-# that settings.BASE_DIR points at; no second copy in site-packages.
-"$VENV_DIR/bin/python" -m pip install --no-cache-dir --disable-pip-version-check -q \
-    -e "$APP_DIR"
+# that settings.BASE_DIR points at; no second copy in site-packages.  Built by
+# the locked setuptools (no build isolation: nothing unpinned is fetched).
+pip_install --no-deps --no-build-isolation -e "$APP_DIR"
 
 echo "build.sh: collectstatic into $STATIC_ROOT"
 cd "$APP_DIR"
