@@ -156,7 +156,7 @@ class Listener:
             client = None
             try:
                 client = _client()
-                pubsub = client.pubsub()  # type: ignore[no-untyped-call]  # RedisCluster.pubsub
+                pubsub = client.pubsub()
                 pubsub.subscribe(channel())
                 pinged_at = self._heard_at = time.monotonic()
                 while True:

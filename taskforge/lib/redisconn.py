@@ -144,4 +144,4 @@ def subscriber(client: Client) -> PubSub:
     """
     if isinstance(client, RedisCluster):
         return cast(PubSub, client.pubsub(ignore_subscribe_messages=True))
-    return cast(PubSub, client.pubsub(ignore_subscribe_messages=True))
+    return client.pubsub(ignore_subscribe_messages=True)
