@@ -374,3 +374,28 @@ def paused(pids: list[int]) -> Iterator[None]:
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def api_process(workdir: Path, env: Mapping[str, str]) -> Iterator[Service]:
+    """`run_api` alone, as one process serving the database and Redis the test uses
+    (Django's test database: what the test commits, the server sees) with the test's
+    SECRET_KEY (a session the test signs in is the server's).  Stopped on exit."""
+    from django.conf import settings
+    from django.db import connection
+
+    svc = Service(
+        workdir,
+        {
+            "DATABASE_URL": database_url(connection.settings_dict),
+            "REDIS_URL": settings.REDIS_URL,
+            "SECRET_KEY": settings.SECRET_KEY,
+            **env,
+        },
+    )
+    svc.spawn(API)
+    try:
+        svc.wait_ready([API])
+        yield svc
+    finally:
+        svc.stop()

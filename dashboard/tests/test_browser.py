@@ -15,10 +15,12 @@ import json
 import os
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.contrib.auth.models import User
 
 from dashboard import roles, snapshot, sse
@@ -29,6 +31,7 @@ from queues.tests.factories import QueueFactory
 from taskforge.api.models import ApiKey
 from tasks.models import Task, TaskStatus
 from tasks.tests.factories import ScheduleFactory, TaskFactory
+from tests.service import api_process
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -53,7 +56,7 @@ def browser() -> Iterator[Any]:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("playwright not installed: pip install -e '.[test]'")
+        pytest.skip("playwright not installed: make test installs it (the test extra)")
     # Playwright's sync API keeps an asyncio loop in this thread, and Django
     # refuses ORM calls where a loop runs; the tests' ORM calls are plain sync
     # code between browser steps, so allow them while the browser is up.
@@ -76,41 +79,74 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def fast_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     # Snapshots twice a second, streams of a few seconds: the tests see
-    # updates quickly and reconnects happen too.
+    # updates quickly and reconnects happen too (on live_server: a run_api
+    # process keeps the defaults, a snapshot every 2 s).
     monkeypatch.setattr(sse, "INTERVAL_SECONDS", 0.5)
     monkeypatch.setattr(sse, "LIFETIME_SECONDS", 6.0)
     monkeypatch.setattr(sse, "RETRY_MS", 300)
     monkeypatch.setattr(snapshot, "MAX_AGE_SECONDS", 0.0)
 
 
-def _signed_in(browser: Any, live_server: Any, username: str, group: str) -> Any:
+@dataclass(frozen=True)
+class Site:
+    url: str
+    run_api: bool  # a `run_api` process, not Django's live_server in this one
+
+
+# Tests marked so run twice: on Django's live_server, and on a `run_api` process (the
+# production server, granian through taskforge.api.bridge) serving the test database.
+# Those that load dashboard.js and follow the live stream are marked.
+on_run_api_too = pytest.mark.parametrize("site", ["live_server", "run_api"], indirect=True)
+
+
+@pytest.fixture
+def site(request: pytest.FixtureRequest) -> Iterator[Site]:
+    """Where the browser goes: Django's live_server unless `on_run_api_too` asks for
+    run_api as well."""
+    if getattr(request, "param", "live_server") == "live_server":
+        yield Site(request.getfixturevalue("live_server").url, run_api=False)
+        return
+    request.getfixturevalue("transactional_db")
+    workdir: Path = request.getfixturevalue("tmp_path")
+    # The browser fixture allows ORM calls beside Playwright's loop in this process
+    # only: the server checks as in production.
+    with api_process(workdir, {"DJANGO_ALLOW_ASYNC_UNSAFE": ""}) as server:
+        yield Site(server.base_url, run_api=True)
+
+
+def _signed_in(browser: Any, site: Site, username: str, group: str) -> Any:
     """A new 1280x800 tab of a staff user in `group`, signed in on the dashboard."""
-    make_staff(username, group)
+    user = make_staff(username, group)
+    if site.run_api:
+        # run_api checks the password with production's hashers, not the tests' fast one.
+        hasher = PBKDF2PasswordHasher()
+        user.password = hasher.encode(PASSWORD, hasher.salt())
+        user.save(update_fields=["password"])
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     context.set_default_timeout(TIMEOUT_MS)
     tab = context.new_page()
-    tab.goto(f"{live_server.url}/admin/dashboard/")
+    tab.goto(f"{site.url}/admin/dashboard/")
     # Not logged in: the admin's login form, then back to the dashboard.
     assert "/admin/login/" in tab.url
     tab.fill("#id_username", username)
     tab.fill("#id_password", PASSWORD)
     tab.click("input[type=submit]")
-    tab.wait_for_url(f"{live_server.url}/admin/dashboard/")
+    tab.wait_for_url(f"{site.url}/admin/dashboard/")
     return tab
 
 
 @pytest.fixture
-def page(browser: Any, live_server: Any, fast_stream: None) -> Iterator[Any]:
+def page(browser: Any, site: Site, fast_stream: None) -> Iterator[Any]:
     """A signed-in operator's page (TaskForge operators) at 1280x800."""
-    tab = _signed_in(browser, live_server, "oncall", roles.OPERATORS)
+    tab = _signed_in(browser, site, "oncall", roles.OPERATORS)
     yield tab
     tab.context.close()
 
 
 @pytest.fixture
-def viewer_page(browser: Any, live_server: Any, fast_stream: None) -> Iterator[Any]:
+def viewer_page(browser: Any, site: Site, fast_stream: None) -> Iterator[Any]:
     """A signed-in viewer's page (TaskForge viewers) at 1280x800."""
-    tab = _signed_in(browser, live_server, "watcher", roles.VIEWERS)
+    tab = _signed_in(browser, site, "watcher", roles.VIEWERS)
     yield tab
     tab.context.close()
 
@@ -118,12 +154,14 @@ def viewer_page(browser: Any, live_server: Any, fast_stream: None) -> Iterator[A
 def _expect() -> Any:
     from playwright.sync_api import expect
 
+    # As long as any other step may take (a run_api process sends a snapshot every 2 s).
+    expect.set_options(timeout=TIMEOUT_MS)
     return expect
 
 
-def _api(live_server: Any, method: str, path: str, body: Any, key: str) -> Any:
+def _api(site: Site, method: str, path: str, body: Any, key: str) -> Any:
     request = urllib.request.Request(
-        f"{live_server.url}{path}",
+        f"{site.url}{path}",
         data=json.dumps(body).encode(),
         method=method,
         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
@@ -137,9 +175,11 @@ def test_login__lands_on_the_queue_overview(page: Any) -> None:
     _expect()(page.locator("#summary")).to_contain_text("No queues yet")
 
 
-def test_overview__depth_changes_live_when_a_task_is_enqueued(page: Any, live_server: Any) -> None:
+@on_run_api_too
+def test_overview__depth_changes_live_when_a_task_is_enqueued(page: Any, site: Any) -> None:
     QueueFactory(name="live-q")
     _, key = ApiKey.issue(name="browser-test", role="producer")
+    snapshot.invalidate()  # the servers' cached overview, shared in Redis (run_api's too)
     page.reload()
     # A due task of a running queue goes straight into the dispatch buffer,
     # so it shows under "claimed".
@@ -148,15 +188,15 @@ def test_overview__depth_changes_live_when_a_task_is_enqueued(page: Any, live_se
     _expect()(page.locator("#live")).to_have_attribute("data-state", "live")
     page.evaluate("window.__marker = 'no reload'")
 
-    _api(live_server, "POST", "/queues/live-q/tasks", {"payload": {"n": 1}}, key)
-    _api(live_server, "POST", "/queues/live-q/tasks", {"payload": {"n": 2}}, key)
+    _api(site, "POST", "/queues/live-q/tasks", {"payload": {"n": 1}}, key)
+    _api(site, "POST", "/queues/live-q/tasks", {"payload": {"n": 2}}, key)
 
     _expect()(pending).to_have_text("2")
     # The same page, updated in place: no reload happened.
     assert page.evaluate("window.__marker") == "no reload"
 
 
-def test_task_page__shows_a_failed_tasks_transitions(page: Any, live_server: Any) -> None:
+def test_task_page__shows_a_failed_tasks_transitions(page: Any, site: Any) -> None:
     queue = QueueFactory(name="payments")
     TaskFactory(queue=queue, status="done")
     failed = TaskFactory(queue=queue, status="dead", worker_id="billing-7")
@@ -180,9 +220,8 @@ def test_task_page__shows_a_failed_tasks_transitions(page: Any, live_server: Any
     _expect()(page.locator("#payload")).to_contain_text('"n"')
 
 
-def test_dlq__bulk_replay_of_two_tasks_takes_them_out_of_the_dlq(
-    page: Any, live_server: Any
-) -> None:
+@on_run_api_too
+def test_dlq__bulk_replay_of_two_tasks_takes_them_out_of_the_dlq(page: Any, site: Any) -> None:
     queue = QueueFactory(name="payments")
     first, second, third = (TaskFactory(queue=queue, status="dead") for _ in range(3))
 
@@ -232,7 +271,7 @@ def test_overview__purge_asks_for_the_queue_name_first(page: Any) -> None:
     assert task.status == TaskStatus.CANCELLED
 
 
-def test_schedules__pause_and_resume_from_the_page(page: Any, live_server: Any) -> None:
+def test_schedules__pause_and_resume_from_the_page(page: Any, site: Any) -> None:
     ScheduleFactory(queue=QueueFactory(name="reports"), name="nightly", cron="0 3 * * *")
     page.get_by_role("link", name="Schedules").click()
     row = page.locator('tr[data-schedule="reports/nightly"]')
@@ -249,7 +288,8 @@ def test_schedules__pause_and_resume_from_the_page(page: Any, live_server: Any) 
     _expect()(row.locator(".pill")).to_have_text("Running")
 
 
-def test_pages__break_no_content_security_policy_rule(page: Any, live_server: Any) -> None:
+@on_run_api_too
+def test_pages__break_no_content_security_policy_rule(page: Any, site: Any) -> None:
     """The pages carry a strict CSP (no inline script or style): nothing on them is refused.
 
     Issue 14: the issued-key page had an inline handler, and pages inline styles."""
@@ -271,9 +311,9 @@ def test_pages__break_no_content_security_policy_rule(page: Any, live_server: An
         "/admin/dashboard/workers/",
         "/admin/",
     ]:
-        page.goto(f"{live_server.url}{path}")
+        page.goto(f"{site.url}{path}")
         page.wait_for_load_state("load")
-    page.goto(f"{live_server.url}/admin/dashboard/")
+    page.goto(f"{site.url}/admin/dashboard/")
     _expect()(page.locator("#live")).to_have_attribute("data-state", "live")
     assert refused == []
 
@@ -292,21 +332,19 @@ def test_overview__phone_layout_shows_every_queue_as_a_card(browser: Any, page: 
 # Roles -----------------------------------------------------------------------------
 
 
-def _post_form(tab: Any, live_server: Any, path: str) -> int:
+def _post_form(tab: Any, site: Site, path: str) -> int:
     """POST a form to `path` as this browser would (its session, its CSRF token)."""
     token = next(c["value"] for c in tab.context.cookies() if c["name"] == "csrftoken")
     response = tab.request.post(
-        f"{live_server.url}{path}",
+        f"{site.url}{path}",
         form={"csrfmiddlewaretoken": token, "confirm": "q", "all": "1"},
-        headers={"Referer": f"{live_server.url}/admin/dashboard/"},
+        headers={"Referer": f"{site.url}/admin/dashboard/"},
         max_redirects=0,
     )
     return int(response.status)
 
 
-def test_viewer__sees_every_page_and_is_offered_no_action(
-    viewer_page: Any, live_server: Any
-) -> None:
+def test_viewer__sees_every_page_and_is_offered_no_action(viewer_page: Any, site: Any) -> None:
     queue = QueueFactory(name="q")
     pending = TaskFactory(queue=queue)
     dead = TaskFactory(queue=queue, status="dead")
@@ -319,7 +357,7 @@ def test_viewer__sees_every_page_and_is_offered_no_action(
     tab.click("text=Dead letters")
     _expect()(tab.locator("#dlq-list tbody tr")).to_have_count(1)
     _expect()(tab.locator('#dlq-form button, input[name="ids"]')).to_have_count(0)
-    tab.goto(f"{live_server.url}/admin/dashboard/tasks/{pending.pk}")
+    tab.goto(f"{site.url}/admin/dashboard/tasks/{pending.pk}")
     _expect()(tab.locator("#task-status")).to_have_text("pending")
     _expect()(tab.locator(".actions-bar button")).to_have_count(0)
     tab.click("text=Workers")
@@ -336,20 +374,20 @@ def test_viewer__sees_every_page_and_is_offered_no_action(
         f"/admin/dashboard/dlq/{dead.pk}/discard",
         "/admin/dashboard/dlq/replay",
     ]:
-        assert _post_form(tab, live_server, path) == 403, path
+        assert _post_form(tab, site, path) == 403, path
     assert Queue.objects.get(name="q").paused is False
     statuses = dict(Task.objects.values_list("pk", "status"))
     assert (statuses[pending.pk], statuses[dead.pk]) == (TaskStatus.PENDING, TaskStatus.DEAD)
 
 
-def test_operator__acts_and_finds_the_actions_in_the_audit_log(page: Any, live_server: Any) -> None:
+def test_operator__acts_and_finds_the_actions_in_the_audit_log(page: Any, site: Any) -> None:
     queue = QueueFactory(name="q")
     pending = TaskFactory(queue=queue)
     page.reload()
 
     page.locator('tr[data-queue="q"]').get_by_role("button", name="Pause").click()
     _expect()(page.locator(".msg-success")).to_contain_text("Paused queue q")
-    page.goto(f"{live_server.url}/admin/dashboard/tasks/{pending.pk}")
+    page.goto(f"{site.url}/admin/dashboard/tasks/{pending.pk}")
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Cancel task").click()
     _expect()(page.locator(".msg-success")).to_contain_text("Task cancelled")
@@ -368,7 +406,7 @@ def test_operator__acts_and_finds_the_actions_in_the_audit_log(page: Any, live_s
 @pytest.mark.skipif(
     not os.environ.get("TASKFORGE_SCREENSHOTS"), reason="set TASKFORGE_SCREENSHOTS=1 to write them"
 )
-def test_screenshots(page: Any, live_server: Any, redis_client: Any) -> None:
+def test_screenshots(page: Any, site: Any, redis_client: Any) -> None:
     """Write docs/screenshots/*.png at 1280x800 from the demo world."""
     world = demo.build()
     User.objects.filter(username="oncall").update(is_superuser=True)  # for the admin shot
@@ -403,13 +441,13 @@ def test_screenshots(page: Any, live_server: Any, redis_client: Any) -> None:
         "admin-tasks.png": "/admin/tasks/task/",
     }
     for name, path in shots.items():
-        page.goto(f"{live_server.url}{path}")
+        page.goto(f"{site.url}{path}")
         if name == "overview.png":
             _expect()(page.locator("#live")).to_have_attribute("data-state", "live")
         page.screenshot(path=str(SCREENSHOTS / name))
         if name == "task.png":  # the heartbeat history is below the fold
             page.screenshot(path=str(SCREENSHOTS / "task-full.png"), full_page=True)
     page.set_viewport_size({"width": 390, "height": 844})
-    page.goto(f"{live_server.url}/admin/dashboard/")
+    page.goto(f"{site.url}/admin/dashboard/")
     _expect()(page.locator("#live")).to_have_attribute("data-state", "live")
     page.screenshot(path=str(SCREENSHOTS / "overview-phone.png"))

@@ -33,9 +33,11 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from io import BytesIO
 from typing import Any, Protocol
+
+from granian._granian import RSGIProtocolClosed
 
 from taskforge.api.responses import error_body
 
@@ -71,7 +73,8 @@ class _Scope(Protocol):
 
 
 class _Transport(Protocol):
-    async def send_bytes(self, data: bytes) -> None: ...
+    # An awaitable, not always a coroutine: granian 2.8's is a future-like object.
+    def send_bytes(self, data: bytes) -> Awaitable[None]: ...
 
 
 class _Protocol(Protocol):
@@ -450,13 +453,21 @@ class DjangoBridge:
         async def start() -> _Transport:
             return protocol.response_stream(stream.code, stream.headers)
 
+        # `send_bytes` is called and awaited on the event loop, inside a coroutine
+        # of our own: `run_coroutine_threadsafe` takes coroutines only, and refused
+        # granian's awaitable after its first chunk had gone (a cut answer).
+        async def send(chunk: bytes) -> None:
+            await transport.send_bytes(chunk)
+
         try:
             transport = asyncio.run_coroutine_threadsafe(start(), loop).result()
             for chunk in stream.body:
                 if chunk:
-                    asyncio.run_coroutine_threadsafe(transport.send_bytes(chunk), loop).result()
-        except Exception as exc:  # the client went away mid-stream
+                    asyncio.run_coroutine_threadsafe(send(chunk), loop).result()
+        except RSGIProtocolClosed as exc:  # the client went away mid-stream
             logger.debug("bridge.stream_ended", extra={"error": repr(exc)})
+        except Exception:  # the body's own failure, or the bridge's: the answer is cut
+            logger.exception("bridge.stream_failed")
         finally:
             close = getattr(stream.body, "close", None)
             if close is not None:
