@@ -87,6 +87,9 @@ class _Protocol(Protocol):
 
 # Header names (as granian gives them, lower case) -> their WSGI environ keys; ""
 # for one the environ leaves out.  Names first seen are added, up to a bound.
+# A name with "_" is left out (API.md, Security v1.2; as nginx and gunicorn do):
+# in the environ it would take the dashed name's key, so `X_Forwarded_Proto`
+# could stand in for `X-Forwarded-Proto`.
 _ENVIRON_KEYS: dict[str, str] = {"content-length": "", "content-type": "CONTENT_TYPE"}
 _ENVIRON_KEYS_MAX = 512
 
@@ -388,7 +391,7 @@ class DjangoBridge:
         for name, value in scope.headers.items():
             key = _ENVIRON_KEYS.get(name)
             if key is None:
-                key = "HTTP_" + name.upper().replace("-", "_")
+                key = "" if "_" in name else "HTTP_" + name.upper().replace("-", "_")
                 if len(_ENVIRON_KEYS) < _ENVIRON_KEYS_MAX:
                     _ENVIRON_KEYS[name] = key
             if not key:
