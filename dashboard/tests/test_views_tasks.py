@@ -269,7 +269,7 @@ def test_task_detail__a_push_tasks_attempts_show_status_body_and_time(staff_clie
     [task] = transitions.create([transitions.NewTask(queue, {"n": 1}, 5, timezone.now(), 3)])
     Task.objects.filter(pk=task.pk).update(status=S.CLAIMED)
     start = timezone.now()
-    [task] = transitions.hand_out([str(task.pk)], worker_id="push:host-1", now=start)
+    [task] = transitions.hand_out([str(task.pk)], worker_id="push:host-1", now=start, push=True)
     task = Task.objects.select_related("queue").get(pk=task.pk)
     transitions.fail(task, error="HTTP 503: upstream down", now=start + timedelta(milliseconds=42))
 
