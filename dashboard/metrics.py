@@ -24,6 +24,7 @@ from queues.models import Queue
 from taskforge.api.health import probe
 from taskforge.api.responses import error_response
 from taskforge.conf import conf
+from taskforge.lib import sql
 from taskforge.metrics import counted_collector
 from tasks.stats import queues_stats
 from workers.models import Worker
@@ -97,10 +98,7 @@ class DatabaseGauges:
         now = timezone.now()
         with transaction.atomic():
             with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT set_config('statement_timeout', %s, true)",
-                    [str(SCRAPE_STATEMENT_TIMEOUT_MS)],
-                )
+                cursor.execute(sql.LOCAL_STATEMENT_TIMEOUT, [str(SCRAPE_STATEMENT_TIMEOUT_MS)])
             queues = list(Queue.objects.order_by("name"))
             # The same counts as GET /queues/:name/stats, for every queue at once.
             stats = queues_stats(queues, now)

@@ -14,16 +14,16 @@ from typing import Any
 
 from django.db import connection
 
-DISPATCH_CHANNEL = "taskforge_dispatch"
+from queues import sql
 
-NOTIFY_DISPATCH = f"SELECT pg_notify('{DISPATCH_CHANNEL}', %(queue_id)s)"
+DISPATCH_CHANNEL = "taskforge_dispatch"
 
 
 def wake_dispatchers(queue_ids: Iterable[Any]) -> None:
     """NOTIFY for each queue id (sorted, once each); sent on commit when inside atomic()."""
     with connection.cursor() as cursor:
         for queue_id in sorted({str(queue_id) for queue_id in queue_ids}):
-            cursor.execute(NOTIFY_DISPATCH, {"queue_id": queue_id})
+            cursor.execute(sql.NOTIFY, {"channel": DISPATCH_CHANNEL, "payload": queue_id})
 
 
 # The scheduler sleeps until the next due time it knows of (a delayed task,
@@ -32,10 +32,10 @@ def wake_dispatchers(queue_ids: Iterable[Any]) -> None:
 # woken by an earlier time than it waits for wakes then instead.
 SCHEDULER_CHANNEL = "taskforge_scheduler"
 
-NOTIFY_SCHEDULER = f"SELECT pg_notify('{SCHEDULER_CHANNEL}', %(at)s)"
-
 
 def wake_scheduler(at: datetime) -> None:
     """NOTIFY the schedulers that something comes due at `at`; on commit inside atomic()."""
     with connection.cursor() as cursor:
-        cursor.execute(NOTIFY_SCHEDULER, {"at": f"{at.timestamp():.6f}"})
+        cursor.execute(
+            sql.NOTIFY, {"channel": SCHEDULER_CHANNEL, "payload": f"{at.timestamp():.6f}"}
+        )

@@ -1,6 +1,7 @@
-"""Raw SQL for the hot paths, where the ORM would need several round trips.
+"""Raw SQL of the tasks app: the hot paths, where the ORM would need several round
+trips, and the upkeep statements the ORM has no words for (at the end).
 
-Each statement moves tasks and writes their events in one round trip: a CTE
+Each hot statement moves tasks and writes their events in one round trip: a CTE
 locks the rows, updates them guarded by their old status, and inserts one
 `tasks_taskevent` row per moved task (but where the task row records the
 move: a new task's, and a hand-out's until its outcome row does, tasks.events).
@@ -265,3 +266,15 @@ SELECT
      WHERE status = 'pending' AND scheduled_at > %(since)s),
     (SELECT min(next_run_at) FROM tasks_schedule WHERE NOT paused)
 """
+
+
+# -- upkeep (tasks.vacuum) --
+# Postgres's counts of the rows of each table.  Params: tables (text[]).
+TABLE_COUNTS = """
+SELECT relname, n_live_tup, n_dead_tup, n_mod_since_analyze FROM pg_stat_user_tables
+WHERE relname = ANY(%(tables)s) ORDER BY relname
+"""
+# One table of tasks.vacuum.TABLES; outside a transaction.
+VACUUM_ANALYZE = "VACUUM (SKIP_LOCKED, ANALYZE) {table}"
+VACUUM = "VACUUM (SKIP_LOCKED) {table}"
+ANALYZE = "ANALYZE (SKIP_LOCKED) {table}"

@@ -46,6 +46,7 @@ from django.db import connection
 
 from taskforge.conf import conf
 from taskforge.lib import pg
+from tasks import sql
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +58,6 @@ DEAD_SHARE = 0.05
 # (autovacuum_analyze_threshold and autovacuum_analyze_scale_factor's defaults).
 ANALYZE_BASE = 50
 ANALYZE_SHARE = 0.1
-
-_COUNTS = """
-SELECT relname, n_live_tup, n_dead_tup, n_mod_since_analyze FROM pg_stat_user_tables
-WHERE relname = ANY(%(tables)s) ORDER BY relname
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +73,16 @@ class Job:
     @property
     def command(self) -> str:
         if self.vacuum and self.analyze:
-            return f"VACUUM (SKIP_LOCKED, ANALYZE) {self.table}"
+            return sql.VACUUM_ANALYZE.format(table=self.table)
         if self.vacuum:
-            return f"VACUUM (SKIP_LOCKED) {self.table}"
-        return f"ANALYZE (SKIP_LOCKED) {self.table}"
+            return sql.VACUUM.format(table=self.table)
+        return sql.ANALYZE.format(table=self.table)
 
 
 def due(threshold: int) -> list[Job]:
     """The tables to vacuum or analyze now (Postgres's statistics say which)."""
     with connection.cursor() as cursor:
-        cursor.execute(_COUNTS, {"tables": list(TABLES)})
+        cursor.execute(sql.TABLE_COUNTS, {"tables": list(TABLES)})
         rows = cursor.fetchall()
     jobs = []
     for table, live, dead, changed in rows:

@@ -22,6 +22,7 @@ from django.db.models import Exists, F, OuterRef, Q
 
 from taskforge.conf import conf
 from tasks.models import Task, TaskStatus, lease_timeout
+from workers import sql
 
 SEEN_WITHIN = timedelta(hours=1)
 
@@ -54,27 +55,8 @@ def held_tasks(worker_ids: Iterable[str], shown: int) -> dict[str, tuple[int, li
     if not ids:
         return {}
     with connection.cursor() as cursor:
-        cursor.execute(HELD_TASKS, [ids, shown])
+        cursor.execute(sql.HELD_TASKS, [ids, shown])
         return {worker_id: (n, first) for worker_id, n, first in cursor.fetchall()}
-
-
-# Params: worker ids (text[]), how many ids to return per worker.
-HELD_TASKS = """
-SELECT w.worker_id, c.n, f.first
-FROM unnest(%s::text[]) AS w(worker_id)
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n FROM tasks_task t
-    WHERE t.status = 'executing' AND t.claimed_by = w.worker_id
-) AS c
-CROSS JOIN LATERAL (
-    SELECT array_agg(s.id::text ORDER BY s.id) AS first FROM (
-        SELECT t.id FROM tasks_task t
-        WHERE t.status = 'executing' AND t.claimed_by = w.worker_id
-        LIMIT %s
-    ) AS s
-) AS f
-WHERE c.n > 0
-"""
 
 
 # What a worker is to people on call (`Worker.state`).

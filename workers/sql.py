@@ -1,6 +1,6 @@
-"""Raw SQL of the worker protocol that changes no task status.
+"""Raw SQL of the workers app, none of it changing a task's status.
 
-Named statements, run only by `workers.protocol`.
+Named statements, run by `workers.protocol` and `workers.models`.
 """
 
 from __future__ import annotations
@@ -29,4 +29,25 @@ WORKER_SEEN = """
 INSERT INTO workers_worker (worker_id, last_seen_at) VALUES (%(worker_id)s, %(now)s)
 ON CONFLICT (worker_id) DO UPDATE SET last_seen_at = EXCLUDED.last_seen_at
 WHERE workers_worker.last_seen_at < EXCLUDED.last_seen_at - interval '1 second'
+"""
+
+# -- held tasks --
+# For each worker that executes tasks now: how many, and the first ids
+# (workers.models.held_tasks).
+# Params: worker ids (text[]), how many ids to return per worker.
+HELD_TASKS = """
+SELECT w.worker_id, c.n, f.first
+FROM unnest(%s::text[]) AS w(worker_id)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM tasks_task t
+    WHERE t.status = 'executing' AND t.claimed_by = w.worker_id
+) AS c
+CROSS JOIN LATERAL (
+    SELECT array_agg(s.id::text ORDER BY s.id) AS first FROM (
+        SELECT t.id FROM tasks_task t
+        WHERE t.status = 'executing' AND t.claimed_by = w.worker_id
+        LIMIT %s
+    ) AS s
+) AS f
+WHERE c.n > 0
 """

@@ -21,7 +21,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from taskforge.api.authentication import ApiKeyAuthentication
 from taskforge.api.responses import error_response
-from taskforge.lib import pg
+from taskforge.lib import pg, sql
 from taskforge.lib.redisconn import connect
 from taskforge.lib.ttlcache import TTLCache
 
@@ -99,8 +99,8 @@ def _check_postgres() -> str:
         with pg.connect_own(connect_timeout=READY_TIMEOUT_SECONDS) as conn:
             # LOCAL: behind a transaction pooler a plain SET would outlive this
             # check on the server connection and bind whoever gets it next.
-            conn.execute(f"SET LOCAL statement_timeout = {READY_TIMEOUT_SECONDS * 1000}")
-            conn.execute("SELECT 1")
+            conn.execute(sql.LOCAL_STATEMENT_TIMEOUT, [str(READY_TIMEOUT_SECONDS * 1000)])
+            conn.execute(sql.PROBE)
     except Exception as exc:
         return f"error: {type(exc).__name__}: {str(exc).strip()[:200]}"
     return "ok"

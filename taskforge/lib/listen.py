@@ -30,7 +30,7 @@ import psycopg
 from django.conf import settings
 from django.db import connection
 
-from taskforge.lib import internals
+from taskforge.lib import internals, sql
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def unlisten(pg: psycopg.Connection[Any]) -> None:
     if pg not in _listening:
         return
     _listening.discard(pg)
-    pg.execute("UNLISTEN *")
+    pg.execute(sql.UNLISTEN_ALL)
     for _ in pg.notifies(timeout=0.0):
         pass
 
@@ -75,7 +75,7 @@ class Listener:
                     application_name=f"{self.application_name}-listen",
                 )
                 try:
-                    own.execute(f"LISTEN {self.channel}")
+                    own.execute(sql.LISTEN.format(channel=self.channel))
                 except BaseException:
                     own.close()
                     raise
@@ -88,7 +88,7 @@ class Listener:
             if pool is not None:
                 internals.reset_returned_connections(pool, unlisten)
             with connection.cursor() as cursor:
-                cursor.execute(f"LISTEN {self.channel}")
+                cursor.execute(sql.LISTEN.format(channel=self.channel))
             _listening.add(pg)
             self._listening_on = pg
         return pg

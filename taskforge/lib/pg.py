@@ -15,7 +15,7 @@ import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from taskforge.lib import internals
+from taskforge.lib import internals, sql
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def _generic_plans(connection: Any) -> None:
     if not raw.autocommit or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         return
     with connection.wrap_database_errors:
-        raw.execute("SET plan_cache_mode = force_generic_plan")
+        raw.execute(sql.GENERIC_PLANS)
     raw._taskforge_generic_plans = True
 
 
@@ -119,12 +119,12 @@ def planner_off(cursor: Any, methods: Sequence[str]) -> Iterator[None]:
     """
     settings = [method.partition("=")[::2] for method in methods]
     for name, value in settings:
-        cursor.execute(f"SET LOCAL {name} = {value or 'off'}")
+        cursor.execute(sql.SET_LOCAL.format(name=name, value=value or "off"))
     try:
         yield
     finally:
         for name, _ in settings:
-            cursor.execute(f"RESET {name}")
+            cursor.execute(sql.RESET.format(name=name))
 
 
 # The task lists (API and dashboard) filtered by a live status: with sorting

@@ -30,7 +30,8 @@ from tasks import sql, stats, transitions
 from tasks.lifecycle import IN_PROGRESS
 from tasks.models import Task
 from workers import sql as worker_sql
-from workers.models import HELD_TASKS, Worker, current_tasks, held_tasks
+from workers.models import Worker, current_tasks, held_tasks
+from workers.sql import HELD_TASKS
 
 PARTIAL = re.compile(r"using (task_\w+_idx)")
 
