@@ -139,7 +139,7 @@ def _fill(dead: int, queues: int, history: int) -> None:
 
 def _after_fill() -> None:
     """Rows written by SQL bypass TaskForge's own bookkeeping: set the DLQ depths right."""
-    from tasks import dlqdepth
+    from dlq import depth as dlqdepth
 
     dlqdepth.reconcile()
     dlqdepth.compact()

@@ -86,7 +86,7 @@ SELECT id, queue_id, payload, last_error, attempts, finished_at, NULL, 0, 1
 FROM tasks_task WHERE queue_id = %(queue_id)s::uuid AND status = 'dead'
 """
 
-# The queue's DLQ depth, which TaskForge keeps beside its moves (tasks.dlqdepth).
+# The queue's DLQ depth, which TaskForge keeps beside its moves (dlq.depth).
 FILL_DLQ_DEPTH = """
 INSERT INTO tasks_deadcount (queue_id, dead)
 SELECT %(queue_id)s::uuid, count(*) FROM tasks_task

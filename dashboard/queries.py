@@ -26,10 +26,10 @@ from typing import Any
 
 from django.db.models import Model, Q, QuerySet
 
+from dlq import depth
 from dlq.models import DeadLetterTask
 from queues.models import Queue
 from taskforge.lib import keyset, pg
-from tasks import dlqdepth
 from tasks.models import Task
 
 PAGE_SIZE = 50
@@ -183,8 +183,8 @@ def dlq_page(filters: DlqFilter, *, limit: int | None = None) -> Page:
 
 
 def dlq_depths() -> list[tuple[Queue, int]]:
-    """Every queue with its number of dead tasks: the per-queue depths tasks.dlqdepth
+    """Every queue with its number of dead tasks: the per-queue depths dlq.depth
     keeps, a few rows each, whatever the size of the DLQ."""
     queues = list(Queue.objects.order_by("name"))
-    depths = dlqdepth.depths(queue.pk for queue in queues)
+    depths = depth.depths(queue.pk for queue in queues)
     return [(queue, depths[queue.pk]) for queue in queues]

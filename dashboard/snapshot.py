@@ -3,7 +3,7 @@
 The overview page renders it and the SSE stream sends it every ~2 s.  Cost per
 snapshot: three grouped queries for all queues (`tasks.stats.queues_stats`:
 live-status counts over task_not_done_idx, the DLQ depths kept per queue
-(tasks.dlqdepth), last-minute outcome counts over taskevent_outcome_idx), one aggregate over the
+(dlq.depth), last-minute outcome counts over taskevent_outcome_idx), one aggregate over the
 small workers table, and a queue list.  It is built at most about once per
 `MAX_AGE_SECONDS`, however many browsers watch and however many API processes
 serve them (`current`).

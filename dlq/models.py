@@ -66,3 +66,32 @@ class DeadLetterTask(models.Model):
 
     def __str__(self) -> str:
         return str(self.task_id)
+
+
+class DeadCount(models.Model):
+    """A change of a queue's DLQ depth: the depth is the sum of the queue's rows.
+
+    Written in the transaction of each move into or out of `dead` and of each
+    delete of dead tasks (`dlq.receivers`, on `tasks.signals`), folded and
+    checked by `dlq.depth`.  Insert-only: no counter row for writers to wait on.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # No constraint in the database, like TaskEvent's: the rows are written
+    # beside their tasks' own moves; deleting a queue deletes its rows (Django's).
+    queue = models.ForeignKey(
+        Queue, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False
+    )
+    dead = models.BigIntegerField()  # +n, or -n
+
+    class Meta:
+        # The table it had under `tasks`: processes of the version before keep
+        # writing it during a rolling upgrade (dlq/migrations/0004_deadcount.py).
+        db_table = "tasks_deadcount"
+        indexes = [
+            # A depth: the queue's few rows, summed from the index.
+            models.Index(fields=["queue"], include=["dead"], name="deadcount_queue_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id}: {self.dead:+d}"

@@ -19,7 +19,6 @@ from tasks import lifecycle
 from tasks.lifecycle import TaskStatus
 
 __all__ = [
-    "DeadCount",
     "Schedule",
     "Task",
     "TaskEvent",
@@ -272,32 +271,6 @@ class TaskEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}: {self.from_status} -> {self.to_status}"
-
-
-class DeadCount(models.Model):
-    """A change of a queue's DLQ depth: the depth is the sum of the queue's rows.
-
-    Written in the transaction of each move into or out of `dead` and of each
-    delete of dead tasks (`tasks.transitions`), folded and checked by
-    `tasks.dlqdepth`.  Insert-only: no counter row for writers to wait on.
-    """
-
-    id = models.BigAutoField(primary_key=True)
-    # No constraint in the database, like TaskEvent's: the rows are written
-    # beside their tasks' own moves; deleting a queue deletes its rows (Django's).
-    queue = models.ForeignKey(
-        Queue, on_delete=models.CASCADE, related_name="+", db_index=False, db_constraint=False
-    )
-    dead = models.BigIntegerField()  # +n, or -n
-
-    class Meta:
-        indexes = [
-            # A depth: the queue's few rows, summed from the index.
-            models.Index(fields=["queue"], include=["dead"], name="deadcount_queue_idx"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.queue_id}: {self.dead:+d}"
 
 
 class Schedule(models.Model):

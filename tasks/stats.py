@@ -5,14 +5,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from queues.models import Queue
 from taskforge.lib import pg
-from tasks import dlqdepth
+from tasks import signals
 from tasks.lifecycle import IN_PROGRESS
 from tasks.models import Task, TaskEvent, TaskStatus
 
@@ -33,8 +33,9 @@ def queues_stats(
     Counts run over task_not_done_idx (the statuses on their way, never the
     done/cancelled history; status and scheduled_at are in the index, so
     Postgres can answer from it alone); the DLQ depth is the sum of a few
-    rows per queue (tasks.dlqdepth), not a count of the dead tasks (the DLQ
-    keeps them for its own retention); acks and failed attempts over
+    rows per queue, which the DLQ keeps and answers through
+    `tasks.signals.dlq_depths` (dlq.depth), not a count of the dead tasks (the
+    DLQ keeps them for its own retention); acks and failed attempts over
     taskevent_outcome_idx (outcomes of attempts only) for the last 60 s.  The
     cost grows with the live backlog, not with history or the DLQ.
     """
@@ -56,9 +57,10 @@ def queues_stats(
     )
     with pg.planned_without(pg.NO_PARALLEL):
         depths = {row["queue_id"]: _without_queue_id(row) for row in counted}
-    for queue_id, count in dlqdepth.depths(ids).items():
-        if count:
-            depths.setdefault(queue_id, {})["dead"] = count
+    for _, answer in signals.dlq_depths.send(sender=Queue, queue_ids=ids):
+        for queue_id, count in cast(Mapping[uuid.UUID, int], answer).items():
+            if count:
+                depths.setdefault(queue_id, {})["dead"] = count
     attempts = {
         row["queue_id"]: _without_queue_id(row)
         for row in TaskEvent.objects.filter(

@@ -13,9 +13,9 @@ Either way one JSON line per task is logged once the transaction commits.
 Nothing else in TaskForge writes `Task.status` (a test walks the tree).
 
 Apps above `tasks` keep their own records of a move through `tasks.signals`
-(the dead-letter queue's entries), sent inside the mover's transaction.  The
-DLQ depth of each queue (`tasks.dlqdepth`) is kept here, in the transaction
-of each move into or out of `dead` and of each delete of dead tasks (`delete`).
+(the dead-letter queue's entries and each queue's DLQ depth), sent inside the
+mover's transaction: each move into or out of `dead`, and each delete of dead
+tasks (`delete`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from django.utils import timezone
 from queues.models import Queue
 from queues.notify import wake_dispatchers, wake_scheduler
 from taskforge.lib import internals, jsonutil, pg
-from tasks import concurrency, dlqdepth, signals, sql
+from tasks import concurrency, signals, sql
 from tasks import transitionlog as tlog
 from tasks.exceptions import InvalidTransition
 from tasks.lifecycle import FINISHED, Edge
@@ -304,7 +304,6 @@ def fail(
             changes={"last_error": error, "finished_at": now},
         )
         signals.dead_lettered.send(sender=Task, tasks=[task], error=error, now=now)
-        dlqdepth.record({task.queue_id: 1})
         concurrency.release_on_commit([task])
         return
     if retry_after_seconds is not None:
@@ -366,7 +365,6 @@ def replay(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
         changes={"attempts": 0, "finished_at": None, "scheduled_at": now},
     )
     signals.replayed.send(sender=Task, tasks=tasks, now=now)
-    dlqdepth.record({queue_id: -n for queue_id, n in Counter(t.queue_id for t in tasks).items()})
 
 
 def delete(tasks: Sequence[tuple[Any, Any, str]]) -> int:
@@ -387,7 +385,8 @@ def delete(tasks: Sequence[tuple[Any, Any, str]]) -> int:
             raise InvalidTransition(f"Task {task_id} is {status}; it cannot be deleted.")
     Task.objects.filter(pk__in=[task_id for task_id, _, _ in tasks]).delete()
     dead = Counter(queue_id for _, queue_id, status in tasks if status == S.DEAD)
-    dlqdepth.record({queue_id: -n for queue_id, n in dead.items()})
+    if dead:
+        signals.dead_deleted.send(sender=Task, dead=dict(dead))
     return len({task_id for task_id, _, _ in tasks})
 
 

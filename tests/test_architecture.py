@@ -10,6 +10,7 @@ Tests are left out: a test may reach anywhere it needs.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,3 +173,85 @@ def test_modules__long_ones_listed_with_their_reason() -> None:
     }
     assert sorted(long - set(LONG_MODULES)) == []
     assert sorted(set(LONG_MODULES) - long) == []  # a module back under the bar leaves the list
+
+
+# --- raw SQL ---------------------------------------------------------------------------
+#
+# SQL is written in the statement modules alone, one per app and one for the base, each
+# statement named there; the rest of the code runs them by name (docs/architecture.md).
+# Migrations keep their own.  Found: a string (outside a docstring) that opens with an SQL
+# keyword, and any call of the ORM's raw doors (`.raw()`, `.extra()`, `RawSQL`).
+SQL_MODULES = {
+    "taskforge/lib/sql.py",
+    "queues/sql.py",
+    "tasks/sql.py",
+    "workers/sql.py",
+    "dlq/sql.py",
+}
+SQL_OPENING = re.compile(
+    r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH|SET|RESET|LISTEN|UNLISTEN|NOTIFY|VACUUM|ANALYZE"
+    r"|CREATE|ALTER|DROP|TRUNCATE|COPY|LOCK|BEGIN|COMMIT)\s"
+)
+RAW_DOORS = {"raw", "extra", "RawSQL"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of `tree` (prose, whatever word opens it)."""
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+        and isinstance(node.body[0].value.value, str)
+    }
+
+
+def _raw_sql(source: str, filename: str) -> list[int]:
+    """The lines of `source` that write SQL or open one of the ORM's raw doors."""
+    tree = ast.parse(source, filename=filename)
+    docstrings = _docstrings(tree)
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant | ast.JoinedStr) and id(node) not in docstrings:
+            first = node.values[0] if isinstance(node, ast.JoinedStr) and node.values else node
+            text = first.value if isinstance(first, ast.Constant) else None
+            if isinstance(text, str) and SQL_OPENING.match(text):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if name in RAW_DOORS:
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def _sql_outside_its_modules() -> list[str]:
+    found = []
+    for package in [*RANKS, "taskforge", "taskforge_client"]:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            if {"tests", "migrations"} & set(rel.parts) or str(rel) in SQL_MODULES:
+                continue
+            found += [f"{rel}:{line}" for line in _raw_sql(path.read_text(), str(rel))]
+    return found
+
+
+def test_sql__only_in_the_statement_modules() -> None:
+    assert _sql_outside_its_modules() == []
+
+
+def test_sql__found_in_strings_f_strings_and_raw_doors() -> None:
+    source = '''
+"""SELECT in a docstring is prose."""
+A = "SELECT 1"
+def f(cursor, name, qs):
+    """UPDATE: also prose."""
+    cursor.execute(f"SET LOCAL {name} = off")
+    qs.raw("x")
+    qs.extra(where=["x"])
+    RawSQL("x", [])
+    label = "Selected"
+'''
+    assert _raw_sql(source, "x.py") == [3, 6, 7, 8, 9]
+

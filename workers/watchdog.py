@@ -10,9 +10,8 @@
 - Workers not seen for a day are forgotten (GET /workers shows the last hour).
 - Finished tasks past their retention are deleted (tasks.retention), with the
   lease check.
-- Each tick, the DLQ depth rows of each queue are folded into one; every
-  tasks.dlqdepth.RECONCILE_SECONDS (and at start) the depths are checked
-  against the dead tasks themselves (tasks.dlqdepth).
+- Each tick, apps above tasks tidy their records (`tasks.signals.upkeep`):
+  the DLQ folds its depth rows and now and then checks them (dlq.depth).
 - The task tables are vacuumed when their dead rows pile up (tasks.vacuum),
   on a thread of their own.
 """
@@ -27,7 +26,7 @@ from django.utils import timezone
 
 from taskforge.conf import conf
 from taskforge.lib.loop import Loop
-from tasks import concurrency, dlqdepth, retention, transitions
+from tasks import concurrency, retention, signals, transitions
 from tasks.models import Task
 from tasks.reconcile import rebuffer_missing
 from tasks.vacuum import Vacuumer
@@ -46,7 +45,6 @@ class WatchdogLoop(Loop):
         super().__init__()
         self._next_lease_check = 0.0
         self._retention_due = False
-        self._next_depth_check = 0.0
         self.vacuumer = Vacuumer()
 
     @property
@@ -66,15 +64,9 @@ class WatchdogLoop(Loop):
             self._retention_due = self.delete_expired()
             busy = busy or self._retention_due
         self.reconcile()
-        self.keep_dlq_depths()
+        signals.upkeep.send(sender=WatchdogLoop)
         self.vacuumer.poll()
         return busy
-
-    def keep_dlq_depths(self) -> None:
-        dlqdepth.compact()
-        if time.monotonic() >= self._next_depth_check:
-            dlqdepth.reconcile()
-            self._next_depth_check = time.monotonic() + dlqdepth.RECONCILE_SECONDS
 
     def delete_expired(self) -> bool:
         """One round of retention (tasks.retention); True when there may be more."""

@@ -88,7 +88,7 @@ SEED_SQL = [
     SELECT id, queue_id, payload, last_error, attempts, finished_at, NULL, 0, 1
     FROM tasks_task WHERE status = 'dead'
     """,
-    # The DLQ depths TaskForge keeps beside its moves (tasks.dlqdepth).
+    # The DLQ depths TaskForge keeps beside its moves (dlq.depth).
     """
     INSERT INTO tasks_deadcount (queue_id, dead)
     SELECT queue_id, count(*) FROM tasks_task WHERE status = 'dead' GROUP BY queue_id

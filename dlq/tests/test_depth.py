@@ -1,4 +1,4 @@
-"""The per-queue DLQ depth (tasks.dlqdepth) stays the count of dead tasks, move by move."""
+"""The per-queue DLQ depth (dlq.depth) stays the count of dead tasks, move by move."""
 
 from __future__ import annotations
 
@@ -9,22 +9,24 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
+from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Count
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from dlq import depth as dlqdepth
 from dlq import services as dlq
-from dlq.models import DeadLetterTask
+from dlq.models import DeadCount, DeadLetterTask
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
 from taskforge.api.models import ApiKey
 from taskforge.audit.log import CLI
-from tasks import dlqdepth, retention, services, transitions
+from tasks import retention, services, transitions
 from tasks.exceptions import InvalidTransition
-from tasks.models import DeadCount, Task, TaskStatus
+from tasks.models import Task, TaskStatus
 from tasks.stats import queue_stats
 from tasks.tests.factories import TaskFactory, age_lease
 from tests.test_metrics import scrape, unique, value
@@ -240,3 +242,34 @@ def test_depth__deaths_in_one_queue_never_wait_on_each_other() -> None:
     exact({queue: 3})
     dlqdepth.compact()
     exact({queue: 3})
+
+
+def test_watchdog__folds_the_rows_and_checks_the_depths_each_round() -> None:
+    """The watchdog keeps the depths through tasks.signals.upkeep, knowing nothing of dlq."""
+    queue = QueueFactory(max_retries=0)
+    for _ in range(3):
+        TaskFactory(queue=queue, status=S.DEAD)
+    DeadCount.objects.create(queue=queue, dead=-1)  # drifted
+    dlqdepth._checked_at[0] = None  # this process has not checked yet
+    WatchdogLoop().tick()
+    assert sorted(DeadCount.objects.filter(queue=queue).values_list("dead", flat=True)) == [1, 2]
+    WatchdogLoop().tick()  # checked a round ago: folded only
+    assert list(DeadCount.objects.filter(queue=queue).values_list("dead", flat=True)) == [3]
+    exact({queue: 3})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration__the_depth_rows_written_under_tasks_are_the_dlqs() -> None:
+    """DeadCount moved from tasks to dlq; its table and rows stay (a rolling upgrade's
+    processes of the version before write it still)."""
+    queue = QueueFactory()
+    executor = MigrationExecutor(connection)
+    executor.migrate([("dlq", "0003_deaths"), ("tasks", "0013_task_fillfactor")])
+    try:
+        before = executor.loader.project_state(("tasks", "0013_task_fillfactor")).apps
+        before.get_model("tasks", "DeadCount").objects.create(queue_id=queue.pk, dead=5)
+    finally:
+        executor.loader.build_graph()
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    assert list(DeadCount.objects.values_list("queue_id", "dead")) == [(queue.pk, 5)]
+    assert counted()[queue.pk] == 5
