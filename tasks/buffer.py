@@ -1,5 +1,6 @@
 """The Redis side of dispatch: every key name lives here, and every write to those keys
-goes through `Buffer` (its Lua scripts are in `tasks.buffer_scripts`).
+goes through `Buffer` (its Lua scripts are in `tasks.buffer_scripts`); no other
+module names them or runs the scripts (tests/test_architecture.py).
 
 Per queue, with the queue id as hash tag so that every key of a queue sits in
 one slot, and each script, pipeline and multi-key command touches one slot
@@ -29,9 +30,6 @@ one slot, and each script, pipeline and multi-key command touches one slot
   every enqueue into a backlog sent one, and each woke the dispatcher for
   nothing.  A dispatcher that dies leaves a mark that lapses within
   WATCH_SECONDS.
-
-per task, `tf:{<task-id>}:hb`, a capped list of its recent heartbeat times
-(a diagnostic for the dashboard, see `workers.heartbeats`),
 
 and one pub/sub channel, `tf:wake:<db>`, on which the dispatcher names the queues
 it just filled (and a release names the queue it freed a slot of) so
@@ -134,11 +132,6 @@ class Admission(enum.Enum):
     BUFFER = "buffer"  # they fit: straight into the buffer
     WAKE = "wake"  # they stay pending; NOTIFY the dispatchers
     QUIET = "quiet"  # they stay pending; a dispatcher watches the full buffer
-
-
-def heartbeats_key(task_id: uuid.UUID | str) -> str:
-    """Capped list of a task's recent heartbeat times (workers.heartbeats)."""
-    return f"tf:{{{task_id}}}:hb"
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

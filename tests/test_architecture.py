@@ -255,3 +255,79 @@ def f(cursor, name, qs):
 '''
     assert _raw_sql(source, "x.py") == [3, 6, 7, 8, 9]
 
+
+# --- the dispatch structure in Redis -----------------------------------------------------
+#
+# `tasks/buffer.py` names every key of the dispatch structure and is the one module that
+# writes them and runs their Lua (`tasks/buffer_scripts.py`); everything else goes
+# through its `Buffer`.  Found elsewhere: a string naming a dispatch key or the wake-up
+# channel, an import of a key's name from `tasks.buffer`, an import of the scripts.
+DISPATCH_HOME = {"tasks/buffer.py", "tasks/buffer_scripts.py"}
+DISPATCH_KEY = re.compile(
+    r"tf:\{.*\}:(ready|bucket|epoch|running|counted|counting|watched)\b|tf:wake"
+)
+
+
+def _dispatch_named(source: str, filename: str) -> list[int]:
+    """The lines of `source` that name a dispatch key or reach for the buffer's Lua
+    (docstrings are prose)."""
+    tree = ast.parse(source, filename=filename)
+    docstrings = _docstrings(tree)
+    lines = []
+    for node in ast.walk(tree):
+        if id(node) in docstrings:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            text = "{}".join(
+                part.value
+                for part in node.values
+                if isinstance(part, ast.Constant) and isinstance(part.value, str)
+            )
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        elif isinstance(node, ast.ImportFrom) and node.module == "tasks.buffer":
+            if any(alias.name.endswith("_key") for alias in node.names):
+                lines.append(node.lineno)
+            continue
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names]
+            if any(name and name.endswith("buffer_scripts") for name in names):
+                lines.append(node.lineno)
+            continue
+        else:
+            continue
+        if DISPATCH_KEY.search(text):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def _dispatch_outside_its_home() -> list[str]:
+    found = []
+    for package in [*RANKS, "taskforge", "taskforge_client"]:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            if {"tests", "migrations"} & set(rel.parts) or str(rel) in DISPATCH_HOME:
+                continue
+            found += [f"{rel}:{line}" for line in _dispatch_named(path.read_text(), str(rel))]
+    return found
+
+
+def test_dispatch__keys_and_scripts_only_in_the_buffer() -> None:
+    assert _dispatch_outside_its_home() == []
+
+
+def test_dispatch__found_in_strings_f_strings_and_imports() -> None:
+    source = '''
+"""Keys like tf:{q}:ready, in prose."""
+from tasks.buffer import get_buffer, score
+from tasks.buffer import ready_key
+from tasks.buffer_scripts import TAKE
+from tasks import buffer_scripts
+READY = "tf:{q}:ready"
+def push(client, queue_id):
+    client.zadd(f"tf:{{{queue_id}}}:running", {})
+    client.lpush(f"tf:{{{queue_id}}}:hb", 1)  # not a dispatch key
+    client.publish("tf:wake:3", "x")
+'''
+    assert _dispatch_named(source, "x.py") == [4, 5, 6, 7, 9, 11]

@@ -5,11 +5,15 @@ heartbeat); this module keeps the recent past of it for the dashboard's task
 page, so an operator can see a worker that heartbeats irregularly or stopped.
 
 Storage is the cheapest thing that is durable enough for a diagnostic: one
-capped Redis list per task, newest first, holding heartbeat times in epoch
-milliseconds.  One pipelined round trip records a whole heartbeat batch; the
-list keeps the last `KEEP` beats (ten minutes at the workers' 10 s cadence)
-and expires `TTL_SECONDS` after the last one, so finished tasks clean up after
-themselves.  Losing Redis loses only this history, never a lease.
+capped Redis list per task (`tf:{<task-id>}:hb`), newest first, holding
+heartbeat times in epoch milliseconds.  It is no part of dispatch (no claim,
+script or reconcile reads it; losing it loses no task), so its key lives here
+with its one writer and its one reader, not among the dispatch keys of
+`tasks.buffer`, whose Redis connection it shares.  One pipelined round trip
+records a whole heartbeat batch; the list keeps the last `KEEP` beats (ten
+minutes at the workers' 10 s cadence) and expires `TTL_SECONDS` after the last
+one, so finished tasks clean up after themselves.  Losing Redis loses only
+this history, never a lease.
 
 "The current attempt" is everything at or after the task's `claimed_at` (the
 hand-out that started the attempt), so no attempt number is stored.
@@ -27,12 +31,16 @@ from datetime import UTC, datetime
 
 from taskforge.lib.redisconn import REDIS_FAILURES
 from tasks.buffer import get_client
-from tasks.buffer import heartbeats_key as history_key
 
 logger = logging.getLogger(__name__)
 
 KEEP = 60
 TTL_SECONDS = 24 * 3600
+
+
+def history_key(task_id: uuid.UUID | str) -> str:
+    """The task's capped list of heartbeat times; the task id is its hash tag."""
+    return f"tf:{{{task_id}}}:hb"
 
 
 def record(task_ids: Iterable[uuid.UUID | str], at: datetime) -> None:

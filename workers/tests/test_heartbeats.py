@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import redis
 
-from tasks.buffer import heartbeats_key
 from workers import heartbeats
 
 T0 = datetime(2024, 5, 1, 10, 0, 0, 123000, tzinfo=UTC)
@@ -42,7 +41,7 @@ def test_record__keeps_the_last_beats_and_expires(redis_client: Any) -> None:
     history = heartbeats.history("a")
     assert history is not None and len(history) == heartbeats.KEEP
     assert history[0] == T0 + timedelta(seconds=heartbeats.KEEP + 4)
-    ttl = redis_client.ttl(heartbeats_key("a"))
+    ttl = redis_client.ttl(heartbeats.history_key("a"))
     assert 0 < ttl <= heartbeats.TTL_SECONDS
 
 
