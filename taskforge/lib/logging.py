@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import json.encoder
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -12,20 +11,13 @@ from typing import Any
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RESERVED = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 # The stdlib's encoder, not orjson (taskforge.lib.jsonutil): lines keep the
-# `"key": value` spacing that tools grepping the logs may rely on.
+# `"key": value` spacing that tools grepping the logs may rely on.  Through its
+# public API: the C encoder made once (`json.encoder.c_make_encoder`, private)
+# saved ~1.1 us of CPU a line (a transition's: 3.9 -> 2.8 us, best of 15), so
+# ~2 us for a single-path request's two lines (its transition's and
+# `http.request`), ~1 us a task in a batch: far below what a private part must
+# buy to be kept (~50 us a request, taskforge.lib.internals).
 _encode: Callable[[Any], str] = json.JSONEncoder(default=str, ensure_ascii=False).encode
-# Its C encoder, made once: JSONEncoder.encode makes one for every call (with a
-# dict for circular references, and a closure), a quarter of its time for a
-# transition's line (2.8 -> 2.1 us); the text is the same.  Without the check for
-# circular references: a line's values are flat.
-_make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
-if _make_c_encoder is not None:
-    _c_encoder = _make_c_encoder(
-        None, str, json.encoder.encode_basestring, None, ": ", ", ", False, False, True
-    )
-
-    def _encode(value: Any) -> str:
-        return "".join(_c_encoder(value, 0))
 
 
 # A record whose `extra` holds this key, a list of dicts, is written as one JSON line
