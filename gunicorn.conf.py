@@ -21,6 +21,11 @@ import signal
 from types import FrameType
 from typing import Any
 
+# TaskForge's settings, read once by taskforge/settings.py (TASKFORGE_TRUST_PROXY).
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskforge.settings")
+
+from django.conf import settings
+
 from taskforge import metrics
 from taskforge.api.server import ServerSettings
 
@@ -38,11 +43,9 @@ timeout = 60
 graceful_timeout = 10
 keepalive = 30
 # X-Forwarded-Proto (and the other forwarded headers) count only from a proxy the
-# deployment says is in front (TASKFORGE_TRUST_PROXY); gunicorn's default trusts
-# any client on localhost.
-forwarded_allow_ips = (
-    "*" if os.environ.get("TASKFORGE_TRUST_PROXY", "").lower() in ("1", "true", "yes") else ""
-)
+# deployment says is in front (TASKFORGE_TRUST_PROXY, as settings.py reads it for
+# Django's SECURE_PROXY_SSL_HEADER); gunicorn's default trusts any client on localhost.
+forwarded_allow_ips = "*" if settings.TASKFORGE_TRUST_PROXY else ""
 # A request header whose name contains "_" is dropped (API.md, Security v1.2), so
 # `X_Forwarded_Proto` never stands in for `X-Forwarded-Proto`: gunicorn's default
 # since 22, set here so no version or command line changes it.  No header is

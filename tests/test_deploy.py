@@ -383,3 +383,32 @@ def test_gunicorn_config__reads_the_server_settings_of_run_api() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "True True 1024 1024"
+
+
+def gunicorn_and_django_trust(trust: str) -> str:
+    """gunicorn's forwarded_allow_ips and Django's SECURE_PROXY_SSL_HEADER for a value of
+    TASKFORGE_TRUST_PROXY, from the project's gunicorn.conf.py and settings."""
+    code = (
+        "from gunicorn.app.wsgiapp import WSGIApplication\n"
+        "from gunicorn.config import Config\n"
+        "from django.conf import settings\n"
+        "app = WSGIApplication.__new__(WSGIApplication)\n"
+        "app.cfg = Config()\n"
+        "app.load_config_from_file('gunicorn.conf.py')\n"
+        "trusted = getattr(settings, 'SECURE_PROXY_SSL_HEADER', None) is not None\n"
+        "print(app.cfg.forwarded_allow_ips, trusted)\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "taskforge.settings"}
+    env["TASKFORGE_TRUST_PROXY"] = trust
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\n")[0]
+
+
+def test_gunicorn_config__trusts_a_proxy_by_the_rule_django_does() -> None:
+    """One reader of TASKFORGE_TRUST_PROXY: gunicorn and Django agree on every value."""
+    assert gunicorn_and_django_trust("on") == "['*'] True"
+    assert gunicorn_and_django_trust("true") == "['*'] True"
+    assert gunicorn_and_django_trust("false") == "[] False"
