@@ -36,14 +36,15 @@ def _secret_key(layout: Layout | None) -> str:
 
 
 def app_defaults(env: dict[str, str], layout: Layout | None) -> dict[str, str]:
-    """Fill in SECRET_KEY, ALLOWED_HOSTS and TASKFORGE_PUSH_ALLOWED_NETWORKS when unset;
-    return what was added."""
+    """Fill in SECRET_KEY, ALLOWED_HOSTS and, for a kept data directory (`make run`; `layout`
+    is None for a throwaway run such as `make test`, whose tests must see TaskForge's own
+    default), TASKFORGE_PUSH_ALLOWED_NETWORKS when unset; return what was added."""
     added: dict[str, str] = {}
     if not env.get("SECRET_KEY"):
         added["SECRET_KEY"] = _secret_key(layout)
     if "ALLOWED_HOSTS" not in env:
         added["ALLOWED_HOSTS"] = DEFAULT_ALLOWED_HOSTS
-    if "TASKFORGE_PUSH_ALLOWED_NETWORKS" not in env:
+    if layout is not None and "TASKFORGE_PUSH_ALLOWED_NETWORKS" not in env:
         added["TASKFORGE_PUSH_ALLOWED_NETWORKS"] = LOCAL_PUSH_ALLOWED_NETWORKS
     env.update(added)
     return added

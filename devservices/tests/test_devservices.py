@@ -243,10 +243,16 @@ def test_run__with_both_urls_set_starts_nothing(tmp_path: Path) -> None:
 
 
 def test_run__lets_push_requests_reach_loopback_unless_told_otherwise(tmp_path: Path) -> None:
-    """`make run` allows a push target on this machine; TaskForge's own default blocks it."""
-    show = "import os; print(os.environ['TASKFORGE_PUSH_ALLOWED_NETWORKS'])"
+    """`make run` allows a push target on this machine; TaskForge's own default blocks it,
+    and a throwaway run (`make test`) keeps that default."""
+    show = "import os; print(os.environ.get('TASKFORGE_PUSH_ALLOWED_NETWORKS', '-'))"
     urls = {"DATABASE_URL": "postgres://u@db.invalid/x", "REDIS_URL": "redis://r.invalid/1"}
-    run = ["run", "--throwaway", "--", sys.executable, "-c", show]
+    throwaway = ["run", "--throwaway", "--", sys.executable, "-c", show]
+    result = _devservices(tmp_path, *throwaway, env=_env(tmp_path, **urls))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["-"]
+
+    run = ["run", "--data", str(tmp_path / "data"), "--", sys.executable, "-c", show]
 
     result = _devservices(tmp_path, *run, env=_env(tmp_path, **urls))
     assert result.returncode == 0, result.stderr
