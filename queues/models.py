@@ -30,7 +30,9 @@ class Queue(models.Model):
         default=3, validators=[MinValueValidator(0), MaxValueValidator(MAX_RETRIES_LIMIT)]
     )
     # Tasks handed out per second across all API processes; NULL is unlimited.
-    rate_limit = models.PositiveIntegerField(null=True, blank=True)
+    # A fraction (0.5: one every 2 s) comes from the Cloud Tasks API; the native
+    # API still takes an integer >= 1 (API.md v1.2).
+    rate_limit = models.FloatField(null=True, blank=True)
     # Tasks executing at once across all API processes; NULL is unlimited.
     # Enforced in Redis by the claim's take (tasks.buffer, tasks.concurrency).
     max_concurrency = models.PositiveIntegerField(
@@ -43,6 +45,15 @@ class Queue(models.Model):
     # deliver them to, and claims skip the queue.
     push = models.JSONField(null=True, blank=True, default=None)
     paused = models.BooleanField(default=False)
+    # NULL: the deployment's retry rule; else queues.retrypolicy's JSON form.
+    retry_policy = models.JSONField(null=True, blank=True, default=None)
+    # Cloud Tasks' maxAttempts when `max_retries` cannot say it (-1: unlimited, or
+    # above 101; `max_retries` then holds its cap); NULL: max_retries + 1.
+    max_attempts = models.IntegerField(null=True, blank=True)
+    # When the queue was last purged (Cloud Tasks' purgeTime).
+    purged_at = models.DateTimeField(null=True, blank=True)
+    # Cloud Tasks' stackdriverLoggingConfig.samplingRatio: stored and shown only.
+    logging_sampling_ratio = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -53,7 +64,7 @@ class Queue(models.Model):
                 name="queue_max_retries_range",
             ),
             models.CheckConstraint(
-                condition=Q(rate_limit__isnull=True) | Q(rate_limit__gte=1),
+                condition=Q(rate_limit__isnull=True) | Q(rate_limit__gt=0),
                 name="queue_rate_limit_positive",
             ),
             models.CheckConstraint(
@@ -65,6 +76,18 @@ class Queue(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def attempts_allowed(self) -> int:
+        """Cloud Tasks' maxAttempts: -1 (unlimited) or how many attempts a task gets."""
+        return self.max_attempts if self.max_attempts is not None else self.max_retries + 1
+
+    @property
+    def shown_max_retries(self) -> int | None:
+        """`max_retries` as answers show it: null when maxAttempts is unlimited or over 101."""
+        if self.max_attempts is not None and (self.max_attempts < 0 or self.max_attempts > 101):
+            return None
+        return self.max_retries
 
     @property
     def is_push(self) -> bool:

@@ -44,6 +44,9 @@ class _Conf:
     PUSH_MAX_IN_FLIGHT: int
     PUSH_BLOCKED_NETWORKS: str
     PUSH_ALLOWED_NETWORKS: str
+    CLOUDTASKS_DEDUP_SECONDS: int
+    CLOUDTASKS_MAX_TASK_BYTES: int
+    OIDC_ISSUER: str
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not read since their setting last changed: the

@@ -77,6 +77,18 @@ TASKFORGE_WORKER_FORGET_SECONDS: float = env.float(
 # signature), and the requests one push process keeps in flight at once.
 TASKFORGE_PUSH_SIGNING_SECRET: str = env.str("TASKFORGE_PUSH_SIGNING_SECRET", default="")
 TASKFORGE_PUSH_MAX_IN_FLIGHT: int = env.int("TASKFORGE_PUSH_MAX_IN_FLIGHT", default=200)
+# The Cloud Tasks API (API-cloudtasks.md): how long a finished named task's ID stays
+# taken (0: free once finished), and the largest task it accepts (body, URL, headers,
+# OIDC fields).
+TASKFORGE_CLOUDTASKS_DEDUP_SECONDS: int = env.int(
+    "TASKFORGE_CLOUDTASKS_DEDUP_SECONDS", default=3600
+)
+TASKFORGE_CLOUDTASKS_MAX_TASK_BYTES: int = env.int(
+    "TASKFORGE_CLOUDTASKS_MAX_TASK_BYTES", default=1_048_576
+)
+# The `iss` of the OIDC ID tokens push requests carry (a URL, no trailing slash);
+# empty: http://<TASKFORGE_BIND>, a wildcard host written localhost.
+TASKFORGE_OIDC_ISSUER: str = env.str("TASKFORGE_OIDC_ISSUER", default="")
 
 
 def _networks(name: str, default: str) -> str:

@@ -233,7 +233,7 @@ class Buffer:
         self,
         queue_id: uuid.UUID | str,
         limit: int,
-        rate_limit: int | None,
+        rate_limit: float | None,
         max_concurrency: int | None = None,
     ) -> Taken:
         """Pop up to `limit` ids in order, as the queue's token bucket and cap allow.

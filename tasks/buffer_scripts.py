@@ -32,11 +32,13 @@ return 2
 # state 1 when the queue is at its cap, 2 when its running count is unknown
 # (nothing taken either way).
 #
-# A bucket of capacity R refilled at R/s hands out at most R*T + R tasks over
-# any T seconds (API.md).  Time comes from the Redis server, so every API
-# process shares one clock.  The cap is checked and the slots taken in the
-# same script, so claims racing in any number of processes never take more
-# than `cap - ZCARD(running)` between them.
+# A bucket of capacity max(1, ceil(R)) refilled at R/s hands out at most
+# R*T + max(1, ceil(R)) tasks over any T seconds (API.md; a fractional R,
+# set over the Cloud Tasks API, spaces hand-outs 1/R seconds apart).  Time
+# comes from the Redis server, so every API process shares one clock.  The
+# cap is checked and the slots taken in the same script, so claims racing in
+# any number of processes never take more than `cap - ZCARD(running)`
+# between them.
 #
 # An id still in the running set is a task whose previous attempt's slot has
 # not been released yet (a nack with no delay whose release is on its way):
@@ -66,12 +68,13 @@ if rate > 0 then
   local state = redis.call('HMGET', KEYS[2], 'tokens', 'ts')
   tokens = tonumber(state[1])
   local ts = tonumber(state[2])
+  local burst = math.max(1, math.ceil(rate))
   if tokens == nil or ts == nil then
-    tokens = rate
+    tokens = burst
     ts = now
   end
   if now > ts then
-    tokens = math.min(rate, tokens + (now - ts) * rate / 1000)
+    tokens = math.min(burst, tokens + (now - ts) * rate / 1000)
   end
   want = math.min(want, math.floor(tokens))
 end

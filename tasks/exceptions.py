@@ -19,3 +19,14 @@ class ScheduleExists(TaskForgeError):
 
 class UnknownSchedule(NotFound):
     """No such schedule in this queue."""
+
+
+class NameTaken(TaskForgeError):
+    """Requested entity already exists"""
+
+    code = "name_taken"
+    status_code = 409
+
+
+class NameUsedRecently(NameTaken):
+    """The task cannot be created because a task with this name existed too recently."""

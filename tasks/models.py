@@ -22,6 +22,7 @@ __all__ = [
     "Schedule",
     "Task",
     "TaskEvent",
+    "TaskName",
     "TaskStatus",
     "lease_ends_at",
     "lease_timeout",
@@ -85,6 +86,19 @@ class Task(models.Model):
     # transition's log line is measured from here.
     status_changed_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A task of the Cloud Tasks API (API-cloudtasks.md, "Native view"): the task
+    # ID given at its creation (tasks.names keeps it unique while taken), its
+    # HTTP target ({"url", "http_method", "headers", "body" (base64 or null),
+    # "oidc_token", "dispatch_deadline_seconds"}), its own retry policy
+    # (queues.retrypolicy's form plus "max_attempts"), and what its attempts
+    # got (tasks.httpattempts).  All NULL for a native task.
+    name = models.CharField(max_length=500, null=True, blank=True)
+    http_request = models.JSONField(null=True, blank=True)
+    retry_config = models.JSONField(null=True, blank=True)
+    http_attempts = models.JSONField(null=True, blank=True)
+    # When attempt 1 was handed out (Cloud Tasks' firstAttempt.dispatchTime, which
+    # maxRetryDuration counts from); cleared by a replay.
+    first_claimed_at = models.DateTimeField(null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
 
@@ -202,6 +216,39 @@ class Task(models.Model):
     @property
     def is_cancellable(self) -> bool:
         return self.status in lifecycle.CANCELLABLE
+
+
+class TaskName(models.Model):
+    """A named task's ID, taken in its queue (API-cloudtasks.md "Names and de-duplication").
+
+    One row per (queue, name), written in the transaction that creates the task
+    (tasks.names), so that any number of API processes create at most one task
+    per name: the unique constraint decides.  The row outlives its task: once
+    the task finished, the name stays taken for TASKFORGE_CLOUDTASKS_DEDUP_SECONDS
+    from its `finished_at`, copied here (`released_at`) when the task row is
+    deleted (retention, a DLQ discard), so the memory does not depend on
+    retention.  Deleting the queue deletes its names.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="+", db_index=False)
+    name = models.CharField(max_length=500)
+    # The task holding the name; not a foreign key: the name outlives it.
+    task_id = models.UUIDField()
+    # When the task finished, once its row is gone (else read from the task).
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "name"], name="taskname_per_queue"),
+        ]
+        indexes = [
+            # tasks.names.forget: the rows of tasks being deleted.
+            models.Index(fields=["task_id"], name="taskname_task_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class TaskEvent(models.Model):

@@ -32,6 +32,11 @@ class NewTask:
     scheduled_at: datetime
     max_retries: int
     idempotency_key: str | None = None
+    # A task of the Cloud Tasks API (tasks.models.Task): its name, HTTP target
+    # and own retry policy, as stored.
+    name: str | None = None
+    http_request: dict[str, Any] | None = None
+    retry_config: dict[str, Any] | None = None
 
 
 # Task.queue, which the tasks built here get through internals.cache_related.
@@ -57,6 +62,9 @@ def stored_task(
     values[_AT["attempts"]] = 0
     values[_AT["max_retries"]] = item.max_retries
     values[_AT["idempotency_key"]] = item.idempotency_key
+    values[_AT["name"]] = item.name
+    values[_AT["http_request"]] = item.http_request
+    values[_AT["retry_config"]] = item.retry_config
     values[_AT["created_at"]] = values[_AT["updated_at"]] = now
     values[_AT["status_changed_at"]] = now
     task = build(values)

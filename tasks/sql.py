@@ -74,7 +74,8 @@ TASK_COLUMNS = """
     t.id, t.queue_id, t.payload, t.status, t.priority, t.scheduled_at, t.claimed_at,
     t.claimed_by, t.claimed_key_id, t.heartbeat_at, t.attempts, t.max_retries, t.last_error,
     t.result,
-    t.idempotency_key, t.created_at, t.updated_at, t.status_changed_at, t.finished_at
+    t.idempotency_key, t.created_at, t.updated_at, t.status_changed_at, t.finished_at,
+    t.name, t.http_request, t.retry_config, t.http_attempts, t.first_claimed_at
 """
 
 # -- create --
@@ -86,7 +87,9 @@ TASK_COLUMNS = """
 # due later, if any, wakes the schedulers for its time (`wake_at`, Unix seconds
 # as text, or NULL).  Params: queue_id, now, ids (uuid[]), payloads (jsonb as
 # text[]), priorities, scheduled (timestamptz[]), max_retries, keys (text[],
-# NULL for none), buffer (bool[]), notify (bool), wake_at (text or NULL).
+# NULL for none), buffer (bool[]), notify (bool), wake_at (text or NULL); and for
+# tasks of the Cloud Tasks API names (text[]), http (jsonb as text[]), retry
+# (jsonb as text[]), NULL for a native task.
 CREATE = Statement(
     "create",
     frozenset({(None, "pending"), ("pending", "claimed")}),
@@ -94,15 +97,15 @@ CREATE = Statement(
 WITH new AS (
     INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at, attempts,
                             max_retries, idempotency_key, created_at, updated_at,
-                            status_changed_at)
+                            status_changed_at, name, http_request, retry_config)
     SELECT i.id, %(queue_id)s::uuid, i.payload::jsonb,
            CASE WHEN i.buffer THEN 'claimed' ELSE 'pending' END,
            i.priority, i.scheduled_at, 0, i.max_retries, i.key, %(now)s::timestamptz,
-           %(now)s::timestamptz, %(now)s::timestamptz
+           %(now)s::timestamptz, %(now)s::timestamptz, i.name, i.http::jsonb, i.retry::jsonb
     FROM unnest(%(ids)s::uuid[], %(payloads)s::text[], %(priorities)s::int[],
                 %(scheduled)s::timestamptz[], %(max_retries)s::int[], %(keys)s::text[],
-                %(buffer)s::bool[])
-        AS i(id, payload, priority, scheduled_at, max_retries, key, buffer)
+                %(buffer)s::bool[], %(names)s::text[], %(http)s::text[], %(retry)s::text[])
+        AS i(id, payload, priority, scheduled_at, max_retries, key, buffer, name, http, retry)
 )
 SELECT pg_notify('{DISPATCH_CHANNEL}', %(queue_id)s::text) WHERE %(notify)s
 UNION ALL
@@ -199,6 +202,7 @@ WITH no_flush_wait AS (
     SET status = 'executing', attempts = t.attempts + 1, claimed_by = %(worker_id)s,
         claimed_key_id = %(key_id)s,
         claimed_at = %(now)s, updated_at = %(now)s, status_changed_at = %(now)s,
+        first_claimed_at = coalesce(t.first_claimed_at, %(now)s),
         heartbeat_at = %(now)s::timestamptz + make_interval(secs => CASE WHEN %(push)s::boolean
             THEN coalesce((cur.push->>'timeout_seconds')::int, {DEFAULT_TIMEOUT_SECONDS})
             ELSE 0 END)
@@ -278,3 +282,22 @@ WHERE relname = ANY(%(tables)s) ORDER BY relname
 VACUUM_ANALYZE = "VACUUM (SKIP_LOCKED, ANALYZE) {table}"
 VACUUM = "VACUUM (SKIP_LOCKED) {table}"
 ANALYZE = "ANALYZE (SKIP_LOCKED) {table}"
+
+
+# -- take_name --
+# A named task's ID (tasks.names.take): the row of (queue, name), inserted
+# unless one exists; RETURNING says whether it was.  Params: queue_id, name,
+# task_id (positional).
+TAKE_NAME = """
+INSERT INTO tasks_taskname (queue_id, name, task_id) VALUES (%s, %s, %s)
+ON CONFLICT (queue_id, name) DO NOTHING
+RETURNING id
+"""
+
+# -- forget_names --
+# Before tasks are deleted (tasks.names.forget): each one's finished_at kept on
+# the row of its name, which outlives it.  Params: task ids (uuid[]).
+FORGET_NAMES = """
+UPDATE tasks_taskname n SET released_at = t.finished_at
+FROM tasks_task t WHERE t.id = ANY(%s::uuid[]) AND n.task_id = t.id
+"""

@@ -32,12 +32,12 @@ from django.utils import timezone
 from queues.models import Queue
 from queues.notify import wake_dispatchers, wake_scheduler
 from taskforge.lib import internals, jsonutil, pg
-from tasks import concurrency, signals, sql
+from tasks import concurrency, names, signals, sql
 from tasks import transitionlog as tlog
 from tasks.exceptions import InvalidTransition
 from tasks.lifecycle import FINISHED, Edge
 from tasks.models import Task, TaskEvent, TaskStatus
-from tasks.retry import next_attempt_at
+from tasks.retry import after_failure
 from tasks.rows import ATTNAMES, run_statement, stored_task
 from tasks.rows import NewTask as NewTask  # what `create` takes, named here for its callers
 
@@ -122,6 +122,9 @@ def create(
                     "max_retries": pg.array(task.max_retries for task in group),
                     "keys": pg.array(task.idempotency_key for task in group),
                     "buffer": pg.array(task.status == S.CLAIMED for task in group),
+                    "names": pg.array(task.name for task in group),
+                    "http": pg.array(_json_or_none(task.http_request) for task in group),
+                    "retry": pg.array(_json_or_none(task.retry_config) for task in group),
                     "notify": wake
                     and any(t.status == S.PENDING and t.scheduled_at <= now for t in group),
                     "wake_at": _earliest_later(group, now),
@@ -137,6 +140,10 @@ def create(
     if moved:
         transaction.on_commit(lambda: tlog.log("task.buffered", moved))
     return stored
+
+
+def _json_or_none(value: Any) -> str | None:
+    return None if value is None else jsonutil.dumps(value).decode()
 
 
 def _earliest_later(tasks: Sequence[Task], now: datetime) -> str | None:
@@ -283,7 +290,8 @@ def fail(
 ) -> None:
     """executing -> retry, or -> dead once attempts are spent or `retry` is False.
 
-    A retry is due after the backoff (`tasks.retry`) or `retry_after_seconds`.
+    A retry is due after the backoff, or the task's attempts are spent
+    (`tasks.retry.after_failure`); `retry_after_seconds` replaces the backoff.
     The task's concurrency slot is freed once the move commits.
     Caller contract: holds the row lock inside `atomic()`.
 
@@ -291,8 +299,8 @@ def fail(
         InvalidTransition: the task is not executing.
     """
     now = now or timezone.now()
-    exhausted = task.attempts >= task.max_retries + 1
-    if not retry or exhausted:
+    next_at = after_failure(task, now)  # None: no attempts left
+    if not retry or next_at is None:
         _move(
             [task],
             S.DEAD,
@@ -306,10 +314,11 @@ def fail(
         signals.dead_lettered.send(sender=Task, tasks=[task], error=error, now=now)
         concurrency.release_on_commit([task])
         return
+    due = next_at
     if retry_after_seconds is not None:
-        due = now + timedelta(seconds=retry_after_seconds)
-    else:
-        due = next_attempt_at(now, task.attempts)
+        wait = now + timedelta(seconds=retry_after_seconds)
+        # A /v2 task waits at least its Retry-After, never less than its policy says.
+        due = max(wait, next_at) if task.http_request is not None else wait
     wake_scheduler(due)  # the retry is due then: the scheduler promotes it on time
     _move(
         [task],
@@ -362,7 +371,13 @@ def replay(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
         _REPLAY,
         event="replayed",
         now=now,
-        changes={"attempts": 0, "finished_at": None, "scheduled_at": now},
+        changes={
+            "attempts": 0,
+            "finished_at": None,
+            "scheduled_at": now,
+            "first_claimed_at": None,
+            "http_attempts": None,
+        },
     )
     signals.replayed.send(sender=Task, tasks=tasks, now=now)
 
@@ -383,7 +398,9 @@ def delete(tasks: Sequence[tuple[Any, Any, str]]) -> int:
     for task_id, _, status in tasks:
         if status not in (*FINISHED, S.DEAD):
             raise InvalidTransition(f"Task {task_id} is {status}; it cannot be deleted.")
-    Task.objects.filter(pk__in=[task_id for task_id, _, _ in tasks]).delete()
+    ids = [task_id for task_id, _, _ in tasks]
+    names.forget(ids)  # a named task's name outlives its row (API-cloudtasks.md)
+    Task.objects.filter(pk__in=ids).delete()
     dead = Counter(queue_id for _, queue_id, status in tasks if status == S.DEAD)
     if dead:
         signals.dead_deleted.send(sender=Task, dead=dict(dead))

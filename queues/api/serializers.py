@@ -5,7 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from queues import push
+from queues import push, retrypolicy
 from queues.models import MAX_CONCURRENCY_LIMIT, MAX_RETRIES_LIMIT, Queue, is_queue_name
 from taskforge.api.fields import (
     StrictBooleanField,
@@ -69,13 +69,62 @@ class PushField(serializers.Field):  # type: ignore[type-arg]
         return value
 
 
+# The OpenAPI form of a queue's `retry_policy` (RetryPolicyField validates it).
+RETRY_POLICY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "nullable": True,
+    "additionalProperties": False,
+    "properties": {
+        "min_backoff_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
+        "max_backoff_seconds": {"type": "number", "minimum": 0, "maximum": 86400},
+        "max_doublings": {"type": "integer", "minimum": 0, "maximum": 32},
+        "max_retry_duration_seconds": {"type": "number", "minimum": 0, "maximum": 2592000},
+    },
+}
+
+
+@extend_schema_field(RETRY_POLICY_SCHEMA)
+class RetryPolicyField(serializers.Field):  # type: ignore[type-arg]
+    """A queue's `retry_policy`: null (the deployment's rule) or queues.retrypolicy's form."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_null", True)
+        kwargs.setdefault(
+            "help_text",
+            "null: the deployment's retry rule; else the backoff between min and max, doubling "
+            "max_doublings times, and attempts stop once max_retry_duration_seconds passed "
+            "(0: never).",
+        )
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any] | None:
+        try:
+            policy = retrypolicy.parse(data)
+        except retrypolicy.InvalidPolicy as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+        return None if policy is None else policy.as_json()
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 # A rate far beyond any real downstream; keeps the token bucket's math small.
 MAX_RATE_LIMIT = 1_000_000
+
+
+def rate_shown(rate: float | None) -> float | int | None:
+    """A stored rate as answers show it: 5, or a fraction (0.5) set over /v2."""
+    if rate is None:
+        return None
+    return int(rate) if float(rate).is_integer() else rate
 
 
 class QueueSerializer(serializers.ModelSerializer[Queue]):
     created_at = TimeField(read_only=True)
     push = serializers.SerializerMethodField()
+    rate_limit = serializers.SerializerMethodField()
+    max_retries = serializers.SerializerMethodField()
+    retry_policy = RetryPolicyField(read_only=True)
 
     class Meta:
         model = Queue
@@ -87,9 +136,20 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
             "max_concurrency",
             "push",
             "paused",
+            "retry_policy",
             "created_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "number", "nullable": True, "exclusiveMinimum": 0})
+    def get_rate_limit(self, queue: Queue) -> float | int | None:
+        """Tasks per second; a fraction when set over the Cloud Tasks API."""
+        return rate_shown(queue.rate_limit)
+
+    @extend_schema_field({"type": "integer", "nullable": True, "minimum": 0, "maximum": 100})
+    def get_max_retries(self, queue: Queue) -> int | None:
+        """null when the Cloud Tasks API set maxAttempts unlimited or above 101."""
+        return queue.shown_max_retries
 
     @extend_schema_field(PUSH_ANSWER_SCHEMA)
     def get_push(self, queue: Queue) -> dict[str, Any] | None:
@@ -114,6 +174,12 @@ class QueuePatchSerializer(StrictSerializer):
     )
     push = PushField(required=False)
     paused = StrictBooleanField(required=False)
+    retry_policy = RetryPolicyField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "max_retries" in attrs:
+            attrs["max_attempts"] = None  # max_retries N now says maxAttempts N + 1
+        return attrs
 
 
 class QueueCreateSerializer(QueuePatchSerializer):

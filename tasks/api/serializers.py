@@ -56,6 +56,9 @@ def task_to_dict(task: Task) -> dict[str, Any]:
         "created_at": isoformat(task.created_at),
         "updated_at": isoformat(task.updated_at),
         "finished_at": isoformat(task.finished_at),
+        # A task of the Cloud Tasks API (API-cloudtasks.md "Native view"); null otherwise.
+        "name": task.name,
+        "http_request": task.http_request,
     }
 
 
@@ -94,6 +97,14 @@ class TaskSerializer(serializers.Serializer[Any]):
     created_at = TimeField()
     updated_at = TimeField()
     finished_at = TimeField(allow_null=True)
+    name = serializers.CharField(
+        allow_null=True, help_text="The task ID given over the Cloud Tasks API, else null."
+    )
+    http_request = AnyJSONField(
+        allow_null=True,
+        help_text='A Cloud Tasks task\'s HTTP target: {"url", "http_method", "headers", "body" '
+        '(base64 or null), "oidc_token", "dispatch_deadline_seconds"}; null for a native task.',
+    )
 
     def to_representation(self, instance: Task) -> dict[str, Any]:
         return task_to_dict(instance)

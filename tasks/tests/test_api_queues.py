@@ -27,6 +27,7 @@ def test_create__defaults(admin_client: APIClient) -> None:
         "max_concurrency",
         "push",
         "paused",
+        "retry_policy",
         "created_at",
     }
     assert (
@@ -36,7 +37,8 @@ def test_create__defaults(admin_client: APIClient) -> None:
         body["max_concurrency"],
         body["push"],
         body["paused"],
-    ) == ("emails", 3, None, None, None, False)
+        body["retry_policy"],
+    ) == ("emails", 3, None, None, None, False, None)
     assert body["created_at"].endswith("Z")
 
 

@@ -128,6 +128,16 @@ def test_take__cap_bounds_what_is_taken_until_released(buffer: Buffer) -> None:
     assert sorted(buffer.running("q")) == ["t1", "t2"]
 
 
+def test_take__fractional_rate_spaces_hand_outs(buffer: Buffer) -> None:
+    """A rate of 0.5 (set over the Cloud Tasks API) hands out one task, then one
+    2 s later: a bucket of max(1, ceil(R)) tokens, not of R (which never holds one)."""
+    buffer.push("q", [(f"t{i}", i) for i in range(5)])
+    assert buffer.take("q", 5, 0.5).ids == ["t0"]
+    second = buffer.take("q", 5, 0.5)
+    assert second.ids == []
+    assert 1900 <= second.wait_ms <= 2000
+
+
 def test_take__cap_and_rate_limit_together(buffer: Buffer) -> None:
     buffer.push("q", [(f"t{i}", i) for i in range(10)])
     buffer.count("q", [])
