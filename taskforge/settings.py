@@ -130,6 +130,7 @@ INSTALLED_APPS = [
     "dashboard",
     # Sign-in throttling (dashboard.signin); its tables come with its migrations.
     "axes",
+    "cloudtasks",
 ]
 
 MIDDLEWARE = [

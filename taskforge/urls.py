@@ -60,6 +60,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("workers/ack/batch", worker_views.AckBatchView.as_hot_view(), name="worker-ack-batch"),
     path("workers/nack", worker_views.NackView.as_hot_view(), name="worker-nack"),
     path("audit", audit_views.AuditListView.as_view(), name="audit-list"),
+    # The Cloud Tasks v2 REST API (API-cloudtasks.md), beside the native one.
+    path("", include("cloudtasks.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     # The operator dashboard; before the admin site, whose catch-all would take it.

@@ -1,4 +1,4 @@
-"""The apps import one way: queues <- tasks <- (workers, dlq) <- dashboard.
+"""The apps import one way: queues <- tasks <- (workers, dlq) <- (dashboard, cloudtasks).
 
 Each app may import the project's base (`taskforge.*` but its entry points),
 itself, and the apps below it; nothing imports upward or sideways, at module
@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # The rank of each app; an app may import those of a lower rank.
-RANKS = {"queues": 1, "tasks": 2, "workers": 3, "dlq": 3, "dashboard": 4}
+RANKS = {"queues": 1, "tasks": 2, "workers": 3, "dlq": 3, "dashboard": 4, "cloudtasks": 4}
 ENTRY_POINTS = {"taskforge.urls", "taskforge.settings", "taskforge.wsgi"}
 
 
@@ -76,6 +76,9 @@ def test_rule__refuses_upward_sideways_and_base_to_app_imports() -> None:
     assert not _allowed("tasks.admin", "dashboard.admin.base")
     assert _allowed("dlq.receivers", "tasks.models")
     assert _allowed("dashboard.views", "workers.models")
+    assert _allowed("cloudtasks.services", "tasks.transitions")
+    assert not _allowed("cloudtasks.views", "dashboard.views")
+    assert not _allowed("workers.pusher", "cloudtasks.taskbody")
     assert _allowed("taskforge.urls", "dashboard.urls")
 
 

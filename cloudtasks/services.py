@@ -1,0 +1,167 @@
+"""What the Cloud Tasks methods do to TaskForge's queues and tasks.
+
+Each goes through the domain's own services and verbs (`queues.services`,
+`tasks.services`, `tasks.transitions`, `tasks.names`), with the audit entry
+of the native action it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from cloudtasks import errors
+from cloudtasks.taskbody import TaskBody
+from queues import lookup
+from queues.models import Queue
+from taskforge.audit.log import Actor, record
+from taskforge.audit.models import Action
+from taskforge.lib.redisconn import REDIS_FAILURES
+from tasks import lifecycle, names, transitions
+from tasks import services as task_services
+from tasks.buffer import get_buffer
+from tasks.exceptions import NameTaken, NameUsedRecently
+from tasks.models import Schedule, Task
+
+logger = logging.getLogger(__name__)
+
+# Statuses in which a task is seen over /v2 (API-cloudtasks.md: finished ones are not).
+VISIBLE = lifecycle.IN_PROGRESS
+
+
+def create_task(queue: Queue, body: TaskBody) -> Task:
+    """Store a task with an HTTP target as `pending`; a named one takes its name.
+
+    Raises:
+        RpcError: ALREADY_EXISTS (name taken or used recently), NOT_FOUND (queue gone).
+    """
+    new = transitions.NewTask(
+        queue=queue,
+        payload=None,
+        priority=5,
+        scheduled_at=body.scheduled_at,
+        max_retries=queue.max_retries,
+        name=body.task_id,
+        http_request=body.http_request,
+        retry_config=body.retry_config,
+    )
+    try:
+        with transaction.atomic():
+            [task] = transitions.create([new])
+            if body.task_id is not None:
+                names.take(queue, body.task_id, task.pk, now=timezone.now())
+    except NameUsedRecently as exc:
+        raise errors.already_exists(exc.message) from exc
+    except NameTaken as exc:
+        raise errors.already_exists(exc.message) from exc
+    except IntegrityError as exc:
+        lookup.forget(queue)
+        raise errors.not_found("Queue does not exist.") from exc
+    return task
+
+
+def find_task(queue: Queue, task_id: str, *, lock: bool = False) -> Task:
+    """The task of that ID in the queue while it is visible over /v2 (not finished).
+
+    A named task is found through its name (tasks_taskname); any other by its id.
+
+    Raises:
+        RpcError: NOT_FOUND.
+    """
+    tasks = Task.objects.filter(queue=queue, status__in=VISIBLE)
+    if lock:
+        tasks = tasks.select_for_update(no_key=True, of=("self",))
+    holder = names.holder_of(queue, task_id)
+    task = None
+    if holder is not None:
+        task = tasks.filter(pk=holder, name=task_id).first()
+    if task is None and _is_uuid(task_id):
+        task = tasks.filter(pk=task_id, name__isnull=True).first()
+    if task is None:
+        raise errors.not_found("Task does not exist.")
+    task.queue = queue
+    return task
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return len(text) == 36
+
+
+def delete_task(queue: Queue, task_id: str, *, actor: Actor) -> None:
+    """Cancel a visible task (audited `task.cancel`).
+
+    Raises:
+        RpcError: NOT_FOUND.
+    """
+    with transaction.atomic():
+        task = find_task(queue, task_id, lock=True)
+        if task.status not in lifecycle.CANCELLABLE:
+            raise errors.failed_precondition(
+                "The task is executing; it can be deleted once its attempt ends."
+            )
+        transitions.cancel([task])
+        record(actor, Action.TASK_CANCEL, queue=queue.name, target=str(task.pk))
+
+
+def purge_queue(queue: Queue, *, actor: Actor) -> Queue:
+    """The native purge, then the queue's purgeTime."""
+    task_services.purge_queue(queue, actor=actor)
+    queue.purged_at = timezone.now()
+    Queue.objects.filter(pk=queue.pk).update(purged_at=queue.purged_at)
+    return queue
+
+
+def delete_queue(queue: Queue, *, actor: Actor) -> None:
+    """Delete the queue with every task of it, as Cloud Tasks does (audited
+    `queue.delete` with `{"tasks_deleted": n}`); the name is free at once.
+
+    An attempt in flight finds its task gone: its answer changes nothing.
+
+    Raises:
+        RpcError: NOT_FOUND (deleted meanwhile).
+    """
+    with transaction.atomic():
+        # Lock order as tasks.services.delete_queue: schedules, then the queue.
+        list(
+            Schedule.objects.select_for_update()
+            .filter(queue=queue)
+            .order_by("id")
+            .values_list("pk", flat=True)
+        )
+        if not Queue.objects.select_for_update().filter(pk=queue.pk).exists():
+            raise errors.not_found("Queue does not exist.")
+        count = Task.objects.filter(queue=queue).count()
+        queue_id = queue.pk
+        queue.delete()  # its tasks, events, names, schedules and DLQ entries cascade
+        record(
+            actor,
+            Action.QUEUE_DELETE,
+            queue=queue.name,
+            target=queue.name,
+            details={"tasks_deleted": count},
+        )
+        transaction.on_commit(lambda: _forget_buffer(queue_id))
+    lookup.forget(queue)
+
+
+def _forget_buffer(queue_id: Any) -> None:
+    try:
+        get_buffer().forget_queue(str(queue_id))
+    except REDIS_FAILURES:
+        logger.warning("queue.buffer_not_forgotten", extra={"queue_id": str(queue_id)})
+
+
+def queue_named(name: str) -> Queue:
+    """Raises: RpcError NOT_FOUND."""
+    queue = lookup.by_name(name, fresh=True)
+    if queue is None:
+        raise errors.not_found("Queue does not exist.")
+    return queue
