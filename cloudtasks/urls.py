@@ -1,11 +1,11 @@
-"""The /v2/ routes: one path converter, one view (cloudtasks.views routes within)."""
+"""The /v2/ routes: every path under /v2/ to one view (cloudtasks.views routes within)."""
 
 from __future__ import annotations
 
-from django.urls import URLPattern, path
+from django.urls import URLPattern, re_path
 
 from cloudtasks import views
 
 urlpatterns: list[URLPattern] = [
-    path("v2/<path:path>", views.v2, name="cloudtasks-v2"),
+    re_path(r"^v2/(?P<path>.*)$", views.v2, name="cloudtasks-v2"),
 ]
