@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F
+from django.db.models import F, JSONField, Value
 
 from dlq import depth
 from dlq.models import DeadLetterTask
@@ -26,7 +26,8 @@ def on_dead_lettered(
     for task in tasks:
         fields = {
             "queue_id": task.queue_id,
-            "payload": task.payload,
+            # A Cloud Tasks task has no payload: JSON null, not SQL NULL.
+            "payload": Value(None, JSONField()) if task.payload is None else task.payload,
             "last_error": error,
             "attempts": task.attempts,
             "died_at": now,

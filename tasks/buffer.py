@@ -74,8 +74,14 @@ def wake_channel() -> str:
 _PRIORITY_WEIGHT = 10**13
 
 
-def ready_key(queue_id: uuid.UUID | str) -> str:
-    return f"tf:{{{queue_id}}}:ready"
+# The lane of a queue's buffer that push processes take tasks with an HTTP
+# target (the Cloud Tasks API's) from; claims never read it.  Both lanes share
+# the queue's token bucket and running set: its rate and cap count them together.
+HTTP_LANE = "http"
+
+
+def ready_key(queue_id: uuid.UUID | str, lane: str = "") -> str:
+    return f"tf:{{{queue_id}}}:ready" + (f":{lane}" if lane else "")
 
 
 def bucket_key(queue_id: uuid.UUID | str) -> str:
@@ -170,7 +176,12 @@ class Buffer:
         self._admit = client.register_script(ADMIT)
 
     def push(
-        self, queue_id: uuid.UUID | str, items: Iterable[tuple[str, int]], *, wake: bool = False
+        self,
+        queue_id: uuid.UUID | str,
+        items: Iterable[tuple[str, int]],
+        *,
+        wake: bool = False,
+        lane: str = "",
     ) -> int:
         """Add `(task_id, score)` pairs; an id already there keeps its place.
 
@@ -179,6 +190,11 @@ class Buffer:
         mapping = {task_id: task_score for task_id, task_score in items}
         if not mapping:
             return 0
+        if lane:
+            added = cast(int, self.client.zadd(ready_key(queue_id, lane), mapping, nx=True))
+            if wake:
+                self.client.publish(wake_channel(), f"{queue_id}:{len(mapping)}")
+            return added
         if not wake:
             # ZADD NX answers the number added (redis-py types it int | float | None).
             return cast(int, self.client.zadd(ready_key(queue_id), mapping, nx=True))
@@ -235,14 +251,16 @@ class Buffer:
         limit: int,
         rate_limit: float | None,
         max_concurrency: int | None = None,
+        *,
+        lane: str = "",
     ) -> Taken:
-        """Pop up to `limit` ids in order, as the queue's token bucket and cap allow.
+        """Pop up to `limit` ids of a lane in order, as the queue's token bucket and cap allow.
 
         With a cap, the ids taken hold a slot each until `release`.
         """
         ids, wait_ms, state = self._take(
             keys=[
-                ready_key(queue_id),
+                ready_key(queue_id, lane),
                 bucket_key(queue_id),
                 running_key(queue_id),
                 counted_key(queue_id),
@@ -318,11 +336,13 @@ class Buffer:
             return 0
         return int(self.client.zrem(ready_key(queue_id), *task_ids))
 
-    def present(self, queue_id: uuid.UUID | str, task_ids: Sequence[str]) -> list[bool]:
+    def present(
+        self, queue_id: uuid.UUID | str, task_ids: Sequence[str], *, lane: str = ""
+    ) -> list[bool]:
         """Which of `task_ids` are in the queue's set (one round trip)."""
         if not task_ids:
             return []
-        scores = self.client.zmscore(ready_key(queue_id), list(task_ids))
+        scores = self.client.zmscore(ready_key(queue_id, lane), list(task_ids))
         return [value is not None for value in scores]
 
     def pop_all(self, queue_id: uuid.UUID | str, limit: int = 100_000) -> list[str]:
@@ -366,6 +386,7 @@ class Buffer:
     def forget_queue(self, queue_id: uuid.UUID | str) -> None:
         self.client.delete(
             ready_key(queue_id),
+            ready_key(queue_id, HTTP_LANE),
             bucket_key(queue_id),
             running_key(queue_id),
             counted_key(queue_id),

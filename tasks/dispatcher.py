@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -41,7 +40,7 @@ from taskforge.lib.listen import Listener
 from taskforge.lib.loop import SLEEP_SLICE, Loop
 from taskforge.lib.redisconn import REDIS_FAILURES
 from tasks import transitions
-from tasks.buffer import get_buffer, score
+from tasks.buffer import HTTP_LANE, get_buffer, score
 from tasks.models import Task, TaskStatus
 from tasks.reconcile import rebuffer_missing
 
@@ -157,22 +156,29 @@ class DispatcherLoop(Loop):
 
     def _select_and_buffer(
         self, queue: Queue, limit: int, *, better_than: int | None = None
-    ) -> list[tuple[str, int, datetime]]:
+    ) -> list[transitions.Buffered]:
         # One statement (its own transaction): SKIP LOCKED select in hand-out
         # order over task_pending_due_idx, the move to claimed, the events.
         return transitions.buffer_due(queue, limit=limit, better_than=better_than)
 
-    def _push(self, queue: Queue, tasks: Sequence[tuple[str, int, datetime]]) -> None:
+    def _push(self, queue: Queue, tasks: Sequence[transitions.Buffered]) -> None:
         buffer = get_buffer()
         try:
             buffer.push(
                 queue.id,
-                [(task_id, score(priority, due)) for task_id, priority, due in tasks],
+                [(t.task_id, score(t.priority, t.scheduled_at)) for t in tasks if not t.http],
                 wake=True,
+            )
+            # Tasks with an HTTP target: the push lane, which claims never read.
+            buffer.push(
+                queue.id,
+                [(t.task_id, score(t.priority, t.scheduled_at)) for t in tasks if t.http],
+                wake=True,
+                lane=HTTP_LANE,
             )
         except REDIS_FAILURES:
             # Back to pending now rather than after the reconcile delay.
-            self._unbuffer(queue, [task_id for task_id, _, _ in tasks])
+            self._unbuffer(queue, [t.task_id for t in tasks])
             raise
 
     def _preempt(self, queue: Queue) -> bool:
@@ -185,7 +191,7 @@ class DispatcherLoop(Loop):
         if not better:
             return False
         self._push(queue, better)
-        evicted = buffer.pop_worst(queue.id, len(better))
+        evicted = buffer.pop_worst(queue.id, len([t for t in better if not t.http]))
         self._unbuffer(queue, evicted)
         return True
 

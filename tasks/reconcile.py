@@ -14,7 +14,9 @@ from collections import defaultdict
 from collections.abc import Collection
 from datetime import datetime
 
-from tasks.buffer import get_buffer, score
+from django.db.models import BooleanField, ExpressionWrapper, Q
+
+from tasks.buffer import HTTP_LANE, get_buffer, score
 from tasks.models import Task, TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -52,19 +54,23 @@ def rebuffer_missing(
                 status_changed_at=after[0], id__lte=after[1]
             )
         batch = list(
-            rows.order_by("status_changed_at", "id").values_list(
-                "id", "queue_id", "priority", "scheduled_at", "status_changed_at"
-            )[:BATCH]
+            rows.order_by("status_changed_at", "id")
+            .annotate(http=ExpressionWrapper(Q(http_request__isnull=False), BooleanField()))
+            .values_list("id", "queue_id", "priority", "scheduled_at", "status_changed_at", "http")[
+                :BATCH
+            ]
         )
         if not batch:
             break
         seen += len(batch)
         after = (batch[-1][4], str(batch[-1][0]))
-        by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for task_id, queue_id, priority, scheduled_at, _ in batch:
-            by_queue[str(queue_id)].append((str(task_id), score(priority, scheduled_at)))
-        for queue_key, items in by_queue.items():
-            present = buffer.present(queue_key, [task_id for task_id, _ in items])
+        # Per queue and lane: a task with an HTTP target goes back to the push lane.
+        by_queue: dict[tuple[str, str], list[tuple[str, int]]] = defaultdict(list)
+        for task_id, queue_id, priority, scheduled_at, _, http in batch:
+            lane = HTTP_LANE if http else ""
+            by_queue[(str(queue_id), lane)].append((str(task_id), score(priority, scheduled_at)))
+        for (queue_key, lane), items in by_queue.items():
+            present = buffer.present(queue_key, [task_id for task_id, _ in items], lane=lane)
             missing = [item for item, here in zip(items, present, strict=True) if not here]
             if missing:
                 # A claim may have popped some of them and be committing its
@@ -77,7 +83,7 @@ def rebuffer_missing(
                 }
                 missing = [item for item in missing if item[0] in still]
             if missing:
-                restored += buffer.push(queue_key, missing)
+                restored += buffer.push(queue_key, missing, lane=lane)
                 woken.add(queue_key)
         if len(batch) < BATCH:
             break

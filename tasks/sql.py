@@ -117,7 +117,9 @@ SELECT pg_notify('{SCHEDULER_CHANNEL}', %(wake_at)s::text) WHERE %(wake_at)s::te
 # pending -> claimed for one batch of a queue's due tasks, in hand-out order
 # (task_pending_due_idx), skipping rows other dispatchers hold; only those
 # scoring below better_than (tasks.buffer.score) when it is given.  Params:
-# queue_id, now, limit, better_than (bigint or NULL).  Run with sorting off:
+# queue_id, now, limit, better_than (bigint or NULL).  Each row says whether
+# its task has an HTTP target (the Cloud Tasks API's): those go to the queue's
+# push lane of the buffer (tasks.buffer.HTTP_LANE).  Run with sorting off:
 # allowed to sort, the planner reads every pending task of the queue through
 # task_not_done_idx and sorts them as soon as the statistics say the queue
 # holds fewer than `limit` (they say so on a server with history), a cost
@@ -141,12 +143,13 @@ WITH picked AS (
     FROM picked
     WHERE t.id = picked.id AND {by_id_with_status("t", "pending")}
     RETURNING t.id, t.priority, t.scheduled_at, t.attempts,
-              picked.status_changed_at AS previous_changed_at
+              picked.status_changed_at AS previous_changed_at,
+              t.http_request IS NOT NULL AS http
 ), events AS (
     INSERT INTO tasks_taskevent (task_id, at, from_status, to_status, attempt)
     SELECT id, %(now)s, 'pending', 'claimed', attempts FROM moved
 )
-SELECT id, priority, scheduled_at, attempts, previous_changed_at FROM moved
+SELECT id, priority, scheduled_at, attempts, previous_changed_at, http FROM moved
 ORDER BY priority, scheduled_at, id
 """,  # nosec B608 - constants only; values are bound parameters
     # jit too: a plan with sorting off carries its huge cost, which would
@@ -194,7 +197,10 @@ WITH no_flush_wait AS (
     SELECT tasks_task.id, tasks_task.status_changed_at, q.push
     FROM tasks_task JOIN queues_queue q ON q.id = tasks_task.queue_id
     WHERE tasks_task.id = ANY(%(ids)s::uuid[]) AND {by_id_with_status("tasks_task", "claimed")}
-      AND NOT q.paused AND (q.push IS NOT NULL) = %(push)s::boolean
+      AND NOT q.paused
+      -- A task with an HTTP target goes to push processes only, whatever its queue.
+      AND CASE WHEN tasks_task.http_request IS NOT NULL THEN %(push)s::boolean
+               ELSE (q.push IS NOT NULL) = %(push)s::boolean END
     ORDER BY tasks_task.id
     FOR NO KEY UPDATE OF tasks_task
 ), moved AS (
@@ -203,7 +209,11 @@ WITH no_flush_wait AS (
         claimed_key_id = %(key_id)s,
         claimed_at = %(now)s, updated_at = %(now)s, status_changed_at = %(now)s,
         first_claimed_at = coalesce(t.first_claimed_at, %(now)s),
-        heartbeat_at = %(now)s::timestamptz + make_interval(secs => CASE WHEN %(push)s::boolean
+        -- A task with an HTTP target is leased for its own dispatch deadline.
+        heartbeat_at = %(now)s::timestamptz + make_interval(secs => CASE
+            WHEN t.http_request IS NOT NULL
+            THEN (t.http_request->>'dispatch_deadline_seconds')::float8
+            WHEN %(push)s::boolean
             THEN coalesce((cur.push->>'timeout_seconds')::int, {DEFAULT_TIMEOUT_SECONDS})
             ELSE 0 END)
     FROM cur

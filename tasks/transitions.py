@@ -24,7 +24,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from django.db import transaction
 from django.utils import timezone
@@ -152,15 +152,25 @@ def _earliest_later(tasks: Sequence[Task], now: datetime) -> str | None:
     return f"{min(later).timestamp():.6f}" if later else None
 
 
+class Buffered(NamedTuple):
+    """A task `buffer_due` moved into the buffer."""
+
+    task_id: str
+    priority: int
+    scheduled_at: datetime
+    http: bool = False
+
+
 @verb(sql.BUFFER_DUE.edges)
 def buffer_due(
     queue: Queue, *, limit: int, better_than: int | None = None, now: datetime | None = None
-) -> list[tuple[str, int, datetime]]:
+) -> list[Buffered]:
     """pending -> claimed for up to `limit` of the queue's due tasks, in one statement.
 
     Takes them in hand-out order, skipping rows other dispatchers hold, and
     only those scoring below `better_than` when it is given.  Returns
-    `(id, priority, scheduled_at)` of the buffered tasks, best first.
+    `Buffered(id, priority, scheduled_at, http)` of the buffered tasks, best
+    first (`http`: the task has an HTTP target and goes to the push lane).
     Caller contract: autocommit (the statement is its own transaction) or
     inside `atomic()`.
     """
@@ -173,11 +183,12 @@ def buffer_due(
         rows = cursor.fetchall()
     lines = [
         tlog.line(task_id, queue.name, None, S.PENDING, S.CLAIMED, attempts, now - previous)
-        for task_id, _, _, attempts, previous in rows
+        for task_id, _, _, attempts, previous, _ in rows
     ]
     transaction.on_commit(lambda: tlog.log("task.buffered", lines))
     return [
-        (str(task_id), priority, scheduled_at) for task_id, priority, scheduled_at, _, _ in rows
+        Buffered(str(task_id), priority, scheduled_at, http)
+        for task_id, priority, scheduled_at, _, _, http in rows
     ]
 
 

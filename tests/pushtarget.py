@@ -32,6 +32,7 @@ class Request:
     headers: dict[str, str]
     body: bytes
     at: float  # time.time() when the body had arrived
+    method: str = "POST"
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -73,7 +74,9 @@ class Target:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
-                request = Request(self.path, dict(self.headers.items()), body, time.time())
+                request = Request(
+                    self.path, dict(self.headers.items()), body, time.time(), self.command
+                )
                 with target._lock:
                     target.requests.append(request)
                     target._concurrent += 1
@@ -83,6 +86,9 @@ class Target:
                 finally:
                     with target._lock:
                         target._concurrent -= 1
+
+            # Every method a Cloud Tasks task may use is recorded the same way.
+            do_GET = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = do_POST
 
             def _answer(self, answer: Answer) -> None:
                 if answer.hang_up or answer.hang:

@@ -22,7 +22,7 @@ from multidict import CIMultiDict
 from queues import push
 from taskforge.conf import conf
 from taskforge.lib import jsonutil
-from workers import destinations
+from workers import destinations, httptasks
 
 logger = logging.getLogger("taskforge.pusher")
 
@@ -42,6 +42,10 @@ class Job:
     attempt: int
     body: bytes
     target: push.PushTarget
+    # A task with an HTTP target (the Cloud Tasks API's): sent as it says
+    # (workers.httptasks), not as a push queue's JSON POST.
+    http: httptasks.HttpRequest | None = None
+    dispatched_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +123,7 @@ async def _read(response: aiohttp.ClientResponse, limit: int) -> bytes:
 async def deliver(session: aiohttp.ClientSession, job: Job, *, secret: str) -> Outcome:
     """Send one job and say how it ended; never raises."""
     started = time.monotonic()
-    timeout = job.target.timeout_seconds
+    timeout: float = job.target.timeout_seconds if job.http is None else job.http.deadline
     limit = conf.MAX_PAYLOAD_BYTES
     status: int | None = None
     body = b""
@@ -132,12 +136,14 @@ async def deliver(session: aiohttp.ClientSession, job: Job, *, secret: str) -> O
         return Outcome(job, kind, time.monotonic() - started, error=error, status=status, **fields)
 
     try:
-        async with session.post(
-            job.target.url,
-            data=job.body,
-            headers=request_headers(job, secret=secret, now=time.time()),
+        async with session.request(
+            *_method_and_url(job),
+            data=job.body or None,
+            headers=_headers(job, secret=secret, now=time.time()),
             allow_redirects=False,
             timeout=aiohttp.ClientTimeout(total=timeout),
+            # A task with an HTTP target gets Content-Type only from its own headers.
+            skip_auto_headers=("Content-Type",) if job.http is not None else (),
         ) as response:
             status = response.status
             try:
@@ -186,6 +192,26 @@ async def deliver(session: aiohttp.ClientSession, job: Job, *, secret: str) -> O
     except Exception as exc:  # a bug must not lose the slot or the task
         logger.exception("push.send_failed", extra={"task_id": job.task_id, "queue": job.queue})
         return ended("connection_error", f"request failed: {exc!r}")
+
+
+def _method_and_url(job: Job) -> tuple[str, str]:
+    if job.http is not None:
+        return job.http.method, job.http.url
+    return "POST", job.target.url
+
+
+def _headers(job: Job, *, secret: str, now: float) -> CIMultiDict[str]:
+    if job.http is None:
+        return request_headers(job, secret=secret, now=now)
+    return httptasks.headers_of(
+        job.http,
+        task_id=job.task_id,
+        queue=job.queue,
+        attempt=job.attempt,
+        secret=secret,
+        now=now,
+        token=httptasks.token_for(job.http, now=now),
+    )
 
 
 def _reason(exc: BaseException) -> str:

@@ -38,7 +38,7 @@ from queues.models import Queue
 from taskforge.api import revocation
 from taskforge.lib import jsonutil, pg, stopping
 from tasks import concurrency, transitions
-from tasks.buffer import get_buffer, score
+from tasks.buffer import HTTP_LANE, get_buffer, score
 from tasks.models import Task, TaskStatus, lease_ends_at
 from tasks.wakeup import waiters
 from workers import heartbeats, sql
@@ -190,26 +190,31 @@ def take(
     carries the target to send it to (`push_target`, read by the hand-out).
     Adds to `paused` the queues it finds paused meanwhile (or no longer of
     the caller's kind: pushed for a claim, pulled for a push process).
+    Tasks with an HTTP target (the Cloud Tasks API's) wait in their queue's
+    push lane, which a push process reads in every queue and a claim never
+    does (`_lanes`); they are leased for their own dispatch deadline.
     """
     buffer = get_buffer()
     by_id = {queue.id: queue for queue in queues}
     handed: list[Task] = []
     retry_in = 0.0
     paused = set() if paused is None else paused
-    for queue in queues:
-        if queue.id in paused or queue.is_push != push:
+    for queue, lane in _lanes(queues, push=push):
+        if queue.id in paused:
             continue
         rounds = 0
         while rounds < _POP_ROUNDS:
             want = max_tasks - len(handed)
             if want <= 0:
                 return handed, 0.0
-            taken = buffer.take(queue.id, want, queue.rate_limit, queue.max_concurrency)
+            taken = buffer.take(queue.id, want, queue.rate_limit, queue.max_concurrency, lane=lane)
             if taken.uncounted and concurrency.recount_for_claim(queue):
                 # Redis lost the queue's running count (or the cap is new):
                 # rebuilt from Postgres, take under it.  Another claim
                 # rebuilding it wakes this one when done.
-                taken = buffer.take(queue.id, want, queue.rate_limit, queue.max_concurrency)
+                taken = buffer.take(
+                    queue.id, want, queue.rate_limit, queue.max_concurrency, lane=lane
+                )
             if taken.wait_ms:
                 hint = taken.wait_ms / 1000
                 retry_in = hint if not retry_in else min(retry_in, hint)
@@ -228,7 +233,7 @@ def take(
                 # Postgres failed after the pop: put the ids back (they are
                 # still `claimed`) and free their slots; if that fails too,
                 # the reconcile will.
-                _put_back(queue, taken.ids)
+                _put_back(queue, taken.ids, lane)
                 concurrency.release(queue, taken.ids)
                 raise
             handed += moved
@@ -239,7 +244,7 @@ def take(
             # back, for the dispatcher to drain or the right taker to take.
             moved_ids = {str(task.pk) for task in moved}
             unmoved = [i for i in taken.ids if i not in moved_ids]
-            put_back = _put_back(queue, unmoved)
+            put_back = _put_back(queue, unmoved, lane)
             # Their slots were taken with them: free them, after the put-back
             # so that a claim the release wakes finds those still claimed.
             concurrency.release(queue, unmoved)
@@ -253,6 +258,19 @@ def take(
     return handed, retry_in
 
 
+def _lanes(queues: Sequence[Queue], *, push: bool) -> list[tuple[Queue, str]]:
+    """The buffer lanes a pass reads: a claim, the pull queues' own; a push process,
+    the push queues' own and every queue's push lane (tasks with an HTTP target)."""
+    if not push:
+        return [(queue, "") for queue in queues if not queue.is_push]
+    lanes: list[tuple[Queue, str]] = []
+    for queue in queues:
+        if queue.is_push:
+            lanes.append((queue, ""))
+        lanes.append((queue, HTTP_LANE))
+    return lanes
+
+
 def _release_connection() -> None:
     """Give the DB connection back to the pool while waiting (threads share few)."""
     # `pool` is the Postgres backend's (psycopg's pool), which the stubs do not list.
@@ -260,14 +278,14 @@ def _release_connection() -> None:
         connection.close()
 
 
-def _put_back(queue: Queue, ids: Sequence[str]) -> int:
+def _put_back(queue: Queue, ids: Sequence[str], lane: str = "") -> int:
     """Re-push popped ids that are still `claimed`; return how many."""
     try:
         tasks = Task.objects.filter(pk__in=ids, status=Task.Status.CLAIMED).only(
             "id", "priority", "scheduled_at"
         )
         items = [(str(t.pk), score(t.priority, t.scheduled_at)) for t in tasks]
-        get_buffer().push(queue.id, items)
+        get_buffer().push(queue.id, items, lane=lane)
     except Exception:
         logger.warning("claim.put_back_failed", extra={"queue": queue.name, "count": len(ids)})
         return 0

@@ -37,6 +37,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import aiohttp
 from django.db import close_old_connections, connection
@@ -50,7 +51,7 @@ from taskforge.lib.loop import Loop
 from tasks import transitions
 from tasks.models import Task
 from tasks.wakeup import waiters
-from workers import destinations, protocol
+from workers import destinations, httptasks, protocol
 from workers.delivery import Job, Outcome, deliver
 from workers.exceptions import LeaseLost
 
@@ -203,6 +204,24 @@ class Finisher:
     def record(self, outcomes: Sequence[Outcome]) -> None:
         """Write outcomes to Postgres: one ack statement, then each failure."""
         close_old_connections()
+        # What each attempt of a task with an HTTP target got, before its outcome
+        # frees the task for its next attempt (whose headers read it).
+        httptasks.record(
+            [
+                httptasks.Attempt(
+                    o.job.task_id,
+                    o.job.attempt,
+                    o.job.dispatched_at or datetime.now(UTC),
+                    o.job.http.eta,
+                    o.status,
+                    o.kind,
+                    o.error or "OK",
+                )
+                for o in outcomes
+                if o.job.http is not None
+            ],
+            now=datetime.now(UTC),
+        )
         delivered = [o for o in outcomes if o.error is None]
         if delivered:
             acked = transitions.ack(
@@ -323,7 +342,8 @@ class PushLoop(Loop):
 
     def _push_queues(self) -> list[Queue]:
         if time.monotonic() - self._read_at >= LOOK_SECONDS or not self._read_at:
-            self._queues = list(Queue.objects.filter(push__isnull=False).order_by("name"))
+            # Every queue: any may hold tasks with an HTTP target (its push lane).
+            self._queues = list(Queue.objects.order_by("name"))
             self._read_at = time.monotonic()
         return self._queues
 
@@ -347,9 +367,16 @@ class PushLoop(Loop):
             # copy of the queue, read up to LOOK_SECONDS ago, says.  Each
             # target is parsed once per pass.
             texts = [getattr(task, "push_target") for task in tasks]  # noqa: B009
-            targets = {text: push.target_of(jsonutil.loads(text.encode())) for text in set(texts)}
+            targets = {
+                text: push.target_of(jsonutil.loads(text.encode()))
+                for text in set(texts)
+                if text is not None  # a task with an HTTP target in a pulled queue
+            }
             self.sender.send(
-                [_job(task, targets[text]) for task, text in zip(tasks, texts, strict=True)]
+                [
+                    _job(task, targets.get(text) if text is not None else None)
+                    for task, text in zip(tasks, texts, strict=True)
+                ]
             )
         return len(tasks), retry_in
 
@@ -366,7 +393,19 @@ class PushLoop(Loop):
 
 
 def _job(task: Task, target: push.PushTarget | None) -> Job:
-    assert target is not None  # take(push=True) hands out push queues' tasks only
+    if task.http_request is not None:
+        http = httptasks.request_of(task)
+        return Job(
+            task_id=str(task.pk),
+            queue=task.queue.name,
+            attempt=task.attempts,
+            body=http.body,
+            target=httptasks.target_of(http),
+            http=http,
+            dispatched_at=task.claimed_at,
+        )
+    # Any other task take(push=True) hands out is a push queue's.
+    assert target is not None
     return Job(
         task_id=str(task.pk),
         queue=task.queue.name,

@@ -1,0 +1,206 @@
+"""Delivery of /v2 tasks by run_pusher (API-cloudtasks.md "Delivery", "Retries").
+
+A real run_api, dispatcher, scheduler, watchdog and pusher; a real HTTP target
+records what arrives.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from queues.models import Queue
+from tasks.models import Task, TaskStatus
+from tests.pushtarget import Answer, Request, Target
+from tests.service import Api, Service, database_url
+
+P = "/v2/projects/p/locations/l"
+S = TaskStatus
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, transactional_db: None, redis_client: redis.Redis) -> Iterator[Service]:
+    svc = Service(
+        tmp_path,
+        {
+            "DATABASE_URL": database_url(connection.settings_dict),
+            "REDIS_URL": settings.REDIS_URL,
+            "SECRET_KEY": "cloudtasks-delivery",
+            "TASKFORGE_PUSH_SIGNING_SECRET": "sign-me",
+            # The target is on this host (API.md "Security (v1.2)").
+            "TASKFORGE_PUSH_ALLOWED_NETWORKS": "127.0.0.0/8",
+        },
+        extra_loops=("pusher",),
+    )
+    svc.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+def wait_for(check: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_delivery__method_url_headers_and_body_exactly(
+    fleet: Service, keys: dict[str, str]
+) -> None:
+    admin = Api(fleet.base_url, keys["admin"])
+    admin.ok("POST", f"{P}/queues", {"name": f"{P[4:]}/queues/hooks"})
+    with Target() as target:
+        body = bytes(range(256))
+        admin.ok(
+            "POST",
+            f"{P}/queues/hooks/tasks",
+            {
+                "task": {
+                    "name": f"{P[4:]}/queues/hooks/tasks/t-1",
+                    "httpRequest": {
+                        "url": target.url("/put/here?a=1&b=%20"),
+                        "httpMethod": "PUT",
+                        "headers": {"X-Custom": "Keep-Case", "Authorization": "Bearer mine"},
+                        "body": base64.b64encode(body).decode(),
+                    },
+                }
+            },
+        )
+        admin.ok(
+            "POST",
+            f"{P}/queues/hooks/tasks",
+            {"task": {"httpRequest": {"url": target.url("/get"), "httpMethod": "GET"}}},
+        )
+        wait_for(lambda: len(target.requests) == 2)
+        by_path = {r.path: r for r in target.requests}
+        put = by_path["/put/here?a=1&b=%20"]
+        assert put.method == "PUT"
+        assert put.body == body
+        assert put.header("Content-Type") is None  # only as the task's headers give it
+        assert put.header("X-Custom") == "Keep-Case"
+        assert put.header("Authorization") == "Bearer mine"
+        assert put.header("User-Agent") == "Google-Cloud-Tasks"
+        assert put.header("X-CloudTasks-QueueName") == "hooks"
+        assert put.header("X-CloudTasks-TaskName") == "t-1"
+        assert put.header("X-CloudTasks-TaskRetryCount") == "0"
+        assert put.header("X-CloudTasks-TaskExecutionCount") == "0"
+        assert put.header("X-CloudTasks-TaskPreviousResponse") is None
+        eta = float(put.header("X-CloudTasks-TaskETA") or 0)
+        assert abs(eta - time.time()) < 60
+        native = Task.objects.get(name="t-1")
+        assert put.header("TaskForge-Task-Id") == str(native.pk)
+        assert put.header("TaskForge-Attempt") == "1"
+        assert (put.header("TaskForge-Signature") or "").startswith("t=")
+        get = by_path["/get"]
+        assert (get.method, get.body) == ("GET", b"")
+        wait_for(lambda: Task.objects.filter(status=S.DONE).count() == 2)
+        # Done: gone over /v2, there natively.
+        status, _ = admin.call("GET", f"{P}/queues/hooks/tasks/t-1")
+        assert status == 404
+
+
+def test_delivery__retries_follow_the_queue_config_then_dead(
+    fleet: Service, keys: dict[str, str]
+) -> None:
+    """maxAttempts 3, backoff 1s doubling: 3 attempts ~1s then ~2s apart, the next
+    attempt carries the previous status, then the task is dead (404 over /v2)."""
+    admin = Api(fleet.base_url, keys["admin"])
+    admin.ok(
+        "POST",
+        f"{P}/queues",
+        {
+            "name": f"{P[4:]}/queues/flaky",
+            "retryConfig": {"maxAttempts": 3, "minBackoff": "1s", "maxBackoff": "10s"},
+        },
+    )
+
+    def answer(request: Request) -> Answer:
+        return Answer(500 if len(target.requests) < 3 else 404, b"nope")
+
+    with Target(answer) as target:
+        admin.ok(
+            "POST",
+            f"{P}/queues/flaky/tasks",
+            {
+                "task": {
+                    "name": f"{P[4:]}/queues/flaky/tasks/f",
+                    "httpRequest": {"url": target.url()},
+                }
+            },
+        )
+        wait_for(lambda: Task.objects.filter(name="f", status=S.DEAD).exists(), 40)
+        arrivals = target.requests
+        assert len(arrivals) == 3
+        assert [r.header("X-CloudTasks-TaskRetryCount") for r in arrivals] == ["0", "1", "2"]
+        assert [r.header("X-CloudTasks-TaskPreviousResponse") for r in arrivals] == [
+            None,
+            "500",
+            "500",
+        ]
+        assert [r.header("X-CloudTasks-TaskExecutionCount") for r in arrivals] == ["0", "0", "0"]
+        gaps = [b.at - a.at for a, b in itertools.pairwise(arrivals)]
+        tick = fleet.knob("SCHEDULER_TICK_SECONDS")
+        assert 1.0 <= gaps[0] <= 1.0 + tick + 1.5, gaps
+        assert 2.0 <= gaps[1] <= 2.0 + tick + 1.5, gaps
+        task = Task.objects.get(name="f")
+        assert task.last_error is not None and task.last_error.startswith("HTTP 404")
+        status, _ = admin.call("GET", f"{P}/queues/flaky/tasks/f")
+        assert status == 404
+
+
+def test_delivery__dispatch_deadline_fails_a_slow_attempt(
+    fleet: Service, keys: dict[str, str]
+) -> None:
+    admin = Api(fleet.base_url, keys["admin"])
+    admin.ok(
+        "POST",
+        f"{P}/queues",
+        {"name": f"{P[4:]}/queues/slow", "retryConfig": {"maxAttempts": 1}},
+    )
+    with Target(lambda r: Answer(200, b"late", delay=20)) as target:
+        admin.ok(
+            "POST",
+            f"{P}/queues/slow/tasks",
+            {
+                "task": {
+                    "name": f"{P[4:]}/queues/slow/tasks/s",
+                    "dispatchDeadline": "15s",
+                    "httpRequest": {"url": target.url()},
+                }
+            },
+        )
+        wait_for(lambda: Task.objects.filter(name="s", status=S.DEAD).exists(), 40)
+        task = Task.objects.get(name="s")
+        assert task.last_error == "timeout after 15.0 s"
+        assert task.http_attempts is not None
+        assert task.http_attempts["last"]["responseStatus"]["code"] == 4  # DEADLINE_EXCEEDED
+
+
+def test_delivery__a_pull_queue_keeps_its_claims_and_its_v2_tasks_apart(
+    fleet: Service, keys: dict[str, str]
+) -> None:
+    """/workers/claim never hands out a task with an HTTP target, in a queue it pulls."""
+    admin = Api(fleet.base_url, keys["admin"])
+    admin.ok("POST", "/queues", {"name": "mixed"})
+    worker = Api(fleet.base_url, keys["worker"])
+    with Target() as target:
+        admin.ok(
+            "POST", f"{P}/queues/mixed/tasks", {"task": {"httpRequest": {"url": target.url()}}}
+        )
+        Api(fleet.base_url, keys["producer"]).ok("POST", "/queues/mixed/tasks", {"payload": 1})
+        claimed = worker.ok(
+            "POST", "/workers/claim", {"worker_id": "w", "queues": ["mixed"], "max_tasks": 10}
+        )
+        assert [t["payload"] for t in claimed["tasks"]] in ([1], [])
+        wait_for(lambda: len(target.requests) == 1)
+        assert Queue.objects.get(name="mixed").push is None
