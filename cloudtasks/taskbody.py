@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from cloudtasks import protojson as pj
 from cloudtasks.errors import invalid
-from queues import retrypolicy
+from queues import push, retrypolicy
 from queues.retrypolicy import RetryPolicy
 from taskforge.conf import conf
 
@@ -175,20 +175,14 @@ def check_url(url: str) -> str:
         raise invalid(field, "The URL must be http:// or https:// with a host.")
     if parts.fragment or "#" in url:
         raise invalid(field, "The URL may not have a fragment.")
-    destination_allowed(url)
+    try:
+        # The destination rule of push targets (API.md "Security (v1.2)"), on the
+        # URL's origin: the host decides, and a task's URL may be longer than a
+        # push queue's.  A host name is judged at each attempt (workers.destinations).
+        push.check_url(f"{parts.scheme}://{parts.netloc}/")
+    except push.InvalidPush as exc:
+        raise invalid(field, str(exc).replace("'url'", "The URL")) from exc
     return url
-
-
-def destination_allowed(url: str) -> None:
-    """The set-time destination check of API.md "Security (v1.2)".
-
-    The one rule lives with push targets (queues.push, the push-destinations
-    change: a literal address in TASKFORGE_PUSH_BLOCKED_NETWORKS is refused);
-    this is the one place a task's URL meets it.  Until that check is in
-    queues.push, every URL of a valid form passes here and the delivery's
-    connection check is the guard.
-    """
-    return None
 
 
 def _headers(value: Any) -> dict[str, str]:

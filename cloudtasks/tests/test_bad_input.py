@@ -76,6 +76,11 @@ CASES: list[tuple[str, str, Any, str]] = [
     ("POST", f"{Q}/tasks", http(url="https://example.com/a b"), "task.httpRequest.url"),
     ("POST", f"{Q}/tasks", http(url="https://example.com/#frag"), "task.httpRequest.url"),
     ("POST", f"{Q}/tasks", http(url="https://" + "a" * 2084), "task.httpRequest.url"),
+    # API.md "Security (v1.2)": a blocked literal address, or a numeric form of one.
+    ("POST", f"{Q}/tasks", http(url="http://127.0.0.1:8080/x"), "task.httpRequest.url"),
+    ("POST", f"{Q}/tasks", http(url="http://[::1]/x"), "task.httpRequest.url"),
+    ("POST", f"{Q}/tasks", http(url="http://0x7f000001/x"), "task.httpRequest.url"),
+    ("POST", f"{Q}/tasks", http(url="http://169.254.169.254/meta"), "task.httpRequest.url"),
     ("POST", f"{Q}/tasks", http(httpMethod="FETCH"), "task.httpRequest.httpMethod"),
     ("POST", f"{Q}/tasks", http(httpMethod=9), "task.httpRequest.httpMethod"),
     ("POST", f"{Q}/tasks", http(httpMethod="GET", body="aGk="), "task.httpRequest.body"),

@@ -50,7 +50,9 @@ def walk(task: Task, to_status: str, *, worker_id: str = "worker-1") -> Task:
             task.refresh_from_db()
         for step in _PATHS[to_status]:
             if step == "hand_out":
-                [task] = transitions.hand_out([str(task.pk)], worker_id=worker_id)
+                # A task with an HTTP target is a push process's to take.
+                push = task.http_request is not None
+                [task] = transitions.hand_out([str(task.pk)], worker_id=worker_id, push=push)
             elif step == "ack":
                 [task] = transitions.ack(
                     [(str(task.pk), None, '{"ok": true}')], worker_id=worker_id
