@@ -26,6 +26,7 @@ from taskforge.api.models import Role
 from taskforge.audit.log import Actor
 from taskforge.conf import conf
 from taskforge.lib.redisconn import REDIS_FAILURES
+from workers import oidc
 
 logger = logging.getLogger(__name__)
 
@@ -176,3 +177,25 @@ def _query(request: HttpRequest, allowed: frozenset[str]) -> dict[str, str]:
     if alt is not None and alt not in ("json", "json;enum-encoding=int"):
         raise errors.invalid("$alt", "$alt must be json or json;enum-encoding=int.")
     return query
+
+
+def jwks(request: HttpRequest) -> HttpResponse:
+    """GET /.well-known/jwks.json (public): the keys ID tokens are signed with."""
+    return _public(request, oidc.jwks)
+
+
+def openid_configuration(request: HttpRequest) -> HttpResponse:
+    """GET /.well-known/openid-configuration (public)."""
+    return _public(request, oidc.configuration)
+
+
+def _public(request: HttpRequest, answer: Callable[[], dict[str, Any]]) -> HttpResponse:
+    if request.method not in ("GET", "HEAD"):
+        return errors.response(RpcError(405, "METHOD_NOT_ALLOWED", "Use GET."))
+    try:
+        if request.path.endswith("jwks.json"):
+            oidc.signing_key()  # the key exists before anyone asks for a token
+        return errors.ok(answer())
+    except DatabaseError:
+        logger.warning("cloudtasks.unavailable", exc_info=True)
+        return errors.response(errors.unavailable())

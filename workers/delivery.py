@@ -210,7 +210,7 @@ def _headers(job: Job, *, secret: str, now: float) -> CIMultiDict[str]:
         attempt=job.attempt,
         secret=secret,
         now=now,
-        token=httptasks.token_for(job.http, now=now),
+        token=job.http.token,
     )
 
 

@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from queues import push
 from taskforge.lib import jsonutil
 from tasks.models import Task
+from workers import oidc
 
 USER_AGENT = "Google-Cloud-Tasks"
 
@@ -47,7 +48,9 @@ class HttpRequest:
     execution_count: int
     previous_response: int | None
     eta: float
-    oidc: dict[str, str] | None
+    # The attempt's OIDC ID token (workers.oidc), minted when the attempt is
+    # handed out, in the feeder's thread (the key is read from Postgres there).
+    token: str | None
 
 
 def request_of(task: Task) -> HttpRequest:
@@ -66,7 +69,7 @@ def request_of(task: Task) -> HttpRequest:
         execution_count=int(state.get("execution_count", 0)),
         previous_response=state.get("previous_response"),
         eta=task.scheduled_at.timestamp(),
-        oidc=http.get("oidc_token"),
+        token=token_for(http, url=http["url"]),
     )
 
 
@@ -107,9 +110,13 @@ def headers_of(
     return headers
 
 
-def token_for(request: HttpRequest, *, now: float) -> str | None:
-    """The OIDC ID token an attempt carries, when its task asks for one."""
-    return None
+def token_for(http: dict[str, Any], *, url: str) -> str | None:
+    """A fresh OIDC ID token for an attempt, when its task asks for one (workers.oidc):
+    `aud` its audience, else its URL."""
+    token = http.get("oidc_token")
+    if not token:
+        return None
+    return oidc.mint(audience=token.get("audience") or url, email=token["service_account_email"])
 
 
 def rpc_code(status: int | None, kind: str) -> int:

@@ -114,3 +114,20 @@ class Worker(models.Model):
         if not self.is_stale(now):
             return ACTIVE
         return STALE if holding or self.lost_tasks() else LEFT
+
+
+class SigningKey(models.Model):
+    """The RSA key the OIDC ID tokens of push requests are signed with (workers.oidc).
+
+    Made on first need and kept here, so that every push process signs with the
+    same key and a restart keeps it; `/.well-known/jwks.json` publishes its
+    public half.  One row per key (`kid`); the newest signs.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    kid = models.CharField(max_length=64, unique=True)
+    private_pem = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.kid

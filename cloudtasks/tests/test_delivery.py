@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import jwt
 import pytest
 import redis
 from django.conf import settings
@@ -21,6 +22,7 @@ from queues.models import Queue
 from tasks.models import Task, TaskStatus
 from tests.pushtarget import Answer, Request, Target
 from tests.service import Api, Service, database_url
+from workers.models import SigningKey
 
 P = "/v2/projects/p/locations/l"
 S = TaskStatus
@@ -204,3 +206,59 @@ def test_delivery__a_pull_queue_keeps_its_claims_and_its_v2_tasks_apart(
         assert [t["payload"] for t in claimed["tasks"]] in ([1], [])
         wait_for(lambda: len(target.requests) == 1)
         assert Queue.objects.get(name="mixed").push is None
+
+
+def test_oidc__each_attempt_carries_a_token_a_receiver_verifies(
+    fleet: Service, keys: dict[str, str]
+) -> None:
+    """PyJWT's PyJWKClient verifies the token against /.well-known/jwks.json; the key
+    the API published first is the one the push process signs with (one key, in Postgres)."""
+    config = Api(fleet.base_url).ok("GET", "/.well-known/openid-configuration")
+    issuer = f"http://127.0.0.1:{fleet.port}"
+    assert config["issuer"] == issuer
+    assert config["jwks_uri"] == f"{issuer}/.well-known/jwks.json"
+    assert config["id_token_signing_alg_values_supported"] == ["RS256"]
+    published = Api(fleet.base_url).ok("GET", "/.well-known/jwks.json")["keys"]
+    assert [(k["kty"], k["alg"], k["use"]) for k in published] == [("RSA", "RS256", "sig")]
+
+    admin = Api(fleet.base_url, keys["admin"])
+    admin.ok("POST", f"{P}/queues", {"name": f"{P[4:]}/queues/signed"})
+    with Target() as target:
+        for audience in ("", "https://receiver.example/"):
+            token = {"serviceAccountEmail": "caller@example.iam.gserviceaccount.com"}
+            if audience:
+                token["audience"] = audience
+            admin.ok(
+                "POST",
+                f"{P}/queues/signed/tasks",
+                {
+                    "task": {
+                        "httpRequest": {
+                            "url": target.url(f"/oidc/{len(audience)}"),
+                            "headers": {"Authorization": "Bearer replaced"},
+                            "oidcToken": token,
+                        }
+                    }
+                },
+            )
+        wait_for(lambda: len(target.requests) == 2)
+    jwks = jwt.PyJWKClient(f"{fleet.base_url}/.well-known/jwks.json")
+    for request in target.requests:
+        header = request.header("Authorization") or ""
+        assert header.startswith("Bearer ") and header != "Bearer replaced"
+        raw = header.removeprefix("Bearer ")
+        audience = (
+            target.url(request.path) if request.path == "/oidc/0" else "https://receiver.example/"
+        )
+        claims = jwt.decode(
+            raw,
+            jwks.get_signing_key_from_jwt(raw).key,
+            algorithms=["RS256"],
+            audience=audience,
+            issuer=issuer,
+        )
+        assert claims["email"] == claims["sub"] == "caller@example.iam.gserviceaccount.com"
+        assert claims["email_verified"] is True
+        assert claims["exp"] - claims["iat"] == 3600
+        assert jwt.get_unverified_header(raw)["kid"] == published[0]["kid"]
+    assert SigningKey.objects.count() == 1
