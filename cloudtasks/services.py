@@ -25,7 +25,7 @@ from tasks import lifecycle, names, transitions
 from tasks import services as task_services
 from tasks.buffer import get_buffer
 from tasks.exceptions import NameTaken, NameUsedRecently
-from tasks.models import Schedule, Task
+from tasks.models import Schedule, Task, TaskStatus
 
 logger = logging.getLogger(__name__)
 
@@ -96,18 +96,18 @@ def _is_uuid(text: str) -> bool:
 
 
 def delete_task(queue: Queue, task_id: str, *, actor: Actor) -> None:
-    """Cancel a visible task (audited `task.cancel`).
+    """Cancel a visible task from any live status (audited `task.cancel`); an attempt
+    in flight is cut short: its answer is discarded.
 
     Raises:
         RpcError: NOT_FOUND.
     """
     with transaction.atomic():
         task = find_task(queue, task_id, lock=True)
-        if task.status not in lifecycle.CANCELLABLE:
-            raise errors.failed_precondition(
-                "The task is executing; it can be deleted once its attempt ends."
-            )
-        transitions.cancel([task])
+        if task.status == TaskStatus.EXECUTING:
+            transitions.cancel_attempt(task)
+        else:
+            transitions.cancel([task])
         record(actor, Action.TASK_CANCEL, queue=queue.name, target=str(task.pk))
 
 

@@ -37,7 +37,9 @@ ALLOWED: dict[str | None, frozenset[str]] = {
     None: frozenset({S.PENDING}),
     S.PENDING: frozenset({S.CLAIMED, S.CANCELLED}),
     S.CLAIMED: frozenset({S.EXECUTING, S.PENDING, S.CANCELLED}),
-    S.EXECUTING: frozenset({S.DONE, S.RETRY, S.DEAD}),
+    # executing -> cancelled: a Cloud Tasks DeleteTask of a task whose attempt is
+    # in flight (API-cloudtasks.md); its answer is then discarded.
+    S.EXECUTING: frozenset({S.DONE, S.RETRY, S.DEAD, S.CANCELLED}),
     S.RETRY: frozenset({S.PENDING, S.CANCELLED}),
     S.DEAD: frozenset({S.PENDING}),
     S.DONE: frozenset(),
@@ -93,5 +95,8 @@ LIVE: tuple[str, ...] = tuple(s for s in S.values if s not in FINISHED)
 # dashboard watches a task in one of these for its next move.
 IN_PROGRESS: tuple[str, ...] = tuple(s for s in LIVE if s != S.DEAD)
 
-# What a producer or an operator may cancel (DELETE /queues/:name/tasks/:id, purge).
-CANCELLABLE: tuple[str, ...] = tuple(s for s in S.values if is_allowed(s, S.CANCELLED))
+# What a producer or an operator may cancel (DELETE /queues/:name/tasks/:id, purge):
+# not an executing task, whose attempt only a Cloud Tasks DeleteTask cuts short.
+CANCELLABLE: tuple[str, ...] = tuple(
+    s for s in S.values if is_allowed(s, S.CANCELLED) and s != S.EXECUTING
+)

@@ -69,6 +69,7 @@ _RETRY: frozenset[Edge] = frozenset({(S.EXECUTING, S.RETRY)})
 _DEAD: frozenset[Edge] = frozenset({(S.EXECUTING, S.DEAD)})
 _CANCEL: frozenset[Edge] = frozenset((s, S.CANCELLED) for s in (S.PENDING, S.CLAIMED, S.RETRY))
 _REPLAY: frozenset[Edge] = frozenset({(S.DEAD, S.PENDING)})
+_CANCEL_ATTEMPT: frozenset[Edge] = frozenset({(S.EXECUTING, S.CANCELLED)})
 
 
 @verb(sql.CREATE.edges)
@@ -364,6 +365,31 @@ def cancel(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
     """
     now = now or timezone.now()
     _move(tasks, S.CANCELLED, _CANCEL, event="cancelled", now=now, changes={"finished_at": now})
+
+
+@verb(_CANCEL_ATTEMPT)
+def cancel_attempt(task: Task, *, now: datetime | None = None) -> None:
+    """executing -> cancelled: a Cloud Tasks DeleteTask while an attempt is in flight.
+
+    The attempt's answer is then discarded (its holder's ack or nack finds the
+    lease lost); its concurrency slot is freed once the move commits.
+    Caller contract: holds the row lock inside `atomic()`.
+
+    Raises:
+        InvalidTransition: the task is not executing.
+    """
+    now = now or timezone.now()
+    _move(
+        [task],
+        S.CANCELLED,
+        _CANCEL_ATTEMPT,
+        event="cancelled",
+        now=now,
+        worker_id=task.claimed_by,
+        error="deleted while its attempt was in flight",
+        changes={"finished_at": now},
+    )
+    concurrency.release_on_commit([task])
 
 
 @verb(_REPLAY)

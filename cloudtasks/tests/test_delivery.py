@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import connection
 
 from queues.models import Queue
+from taskforge.audit.models import AuditEntry
 from tasks.models import Task, TaskStatus
 from tests.pushtarget import Answer, Request, Target
 from tests.service import Api, Service, database_url
@@ -262,3 +263,32 @@ def test_oidc__each_attempt_carries_a_token_a_receiver_verifies(
         assert claims["exp"] - claims["iat"] == 3600
         assert jwt.get_unverified_header(raw)["kid"] == published[0]["kid"]
     assert SigningKey.objects.count() == 1
+
+
+def test_delete__an_executing_task_is_cancelled_and_its_answer_discarded(
+    fleet: Service, keys: dict[str, str]
+) -> None:
+    admin = Api(fleet.base_url, keys["admin"])
+    producer = Api(fleet.base_url, keys["producer"])
+    admin.ok("POST", f"{P}/queues", {"name": f"{P[4:]}/queues/long"})
+    with Target(lambda r: Answer(200, b'{"late": true}', delay=3)) as target:
+        producer.ok(
+            "POST",
+            f"{P}/queues/long/tasks",
+            {
+                "task": {
+                    "name": f"{P[4:]}/queues/long/tasks/l",
+                    "httpRequest": {"url": target.url()},
+                }
+            },
+        )
+        wait_for(lambda: len(target.requests) == 1)
+        assert Task.objects.get(name="l").status == S.EXECUTING
+        producer.ok("DELETE", f"{P}/queues/long/tasks/l")
+        status, _ = producer.call("GET", f"{P}/queues/long/tasks/l")
+        assert status == 404
+        time.sleep(4)  # the target has answered 200 meanwhile
+    task = Task.objects.get(name="l")
+    assert (task.status, task.result) == (S.CANCELLED, None)
+    assert len(target.requests) == 1
+    assert AuditEntry.objects.filter(action="task.cancel", target=str(task.pk)).exists()

@@ -47,6 +47,7 @@ CALLS: dict[str, Callable[[Task], object]] = {
     "fail": lambda t: transitions.fail(t, error="e"),
     "expire_lease": lambda t: transitions.expire_lease(t),
     "cancel": lambda t: transitions.cancel([t]),
+    "cancel_attempt": lambda t: transitions.cancel_attempt(t),
     "replay": lambda t: transitions.replay([t]),
 }
 
@@ -60,6 +61,7 @@ MOVES: dict[tuple[str, str], Callable[[Task], object]] = {
     (S.EXECUTING, S.DONE): _ack,
     (S.EXECUTING, S.RETRY): CALLS["fail"],
     (S.EXECUTING, S.DEAD): lambda t: transitions.fail(t, error="e", retry=False),
+    (S.EXECUTING, S.CANCELLED): CALLS["cancel_attempt"],
     (S.RETRY, S.PENDING): CALLS["promote"],
     (S.RETRY, S.CANCELLED): CALLS["cancel"],
     (S.DEAD, S.PENDING): CALLS["replay"],
