@@ -78,6 +78,19 @@ def _cell_levels(stats: dict[str, Any]) -> dict[str, str]:
     return levels
 
 
+def _policy_text(policy: dict[str, Any] | None) -> str | None:
+    """A queue's retry_policy for a person: "backoff 0.1-3600 s, 16 doublings, for 600 s"."""
+    if not policy:
+        return None
+    text = (
+        f"backoff {policy['min_backoff_seconds']:g}-{policy['max_backoff_seconds']:g} s, "
+        f"{policy['max_doublings']} doublings"
+    )
+    if policy.get("max_retry_duration_seconds"):
+        text += f", for {policy['max_retry_duration_seconds']:g} s"
+    return text
+
+
 def queue_row(queue: Queue, stats: dict[str, Any]) -> dict[str, Any]:
     level, reasons = queue_health(stats)
     depth = stats["depth"]
@@ -88,6 +101,9 @@ def queue_row(queue: Queue, stats: dict[str, Any]) -> dict[str, Any]:
         "max_concurrency": queue.max_concurrency,
         # Where the queue's tasks are pushed (queues.push), without user info or query.
         "push_url": push.display_url(queue.push["url"]) if queue.push else None,
+        # Its rate (a fraction when set over the Cloud Tasks API) and retry policy.
+        "rate_limit": None if queue.rate_limit is None else fmt.rate(queue.rate_limit),
+        "retry_policy": _policy_text(queue.retry_policy),
         "health": level,
         "health_label": LABELS[level],
         "reasons": reasons,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import uuid
@@ -146,7 +147,11 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
         )
         previous = event.at
     timeout = lease_timeout().total_seconds()
-    pushed = task.queue.push is not None or (task.claimed_by or "").startswith("push:")
+    pushed = (
+        task.queue.push is not None
+        or task.http_request is not None
+        or (task.claimed_by or "").startswith("push:")
+    )
     beats = heartbeats.history(task.pk, since=task.claimed_at) if task.claimed_at else []
     lease_expires_at = task.lease_expires_at
     dead_letter = DeadLetterTask.objects.filter(task_id=task.pk).first()
@@ -176,7 +181,9 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
                     ("Finished", task.finished_at),
                 ]
             ],
-            "push_url": push.display_url(task.queue.push["url"]) if task.queue.push else None,
+            "push_method": task.http_request["http_method"] if task.http_request else "POST",
+            "push_url": _push_url(task),
+            "http_target": _http_target(task),
             "push_attempts": _push_attempts(events) if pushed else None,
             "dead_letter": dead_letter,
             "can_cancel": task.is_cancellable,
@@ -186,6 +193,32 @@ def task_detail(request: HttpRequest, task_id: uuid.UUID) -> HttpResponse:
             "nav": "tasks",
         },
     )
+
+
+def _push_url(task: Task) -> str | None:
+    """Where the task's attempts go: its own URL (a Cloud Tasks task's), or its
+    queue's push target; without user info or query."""
+    if task.http_request is not None:
+        return push.display_url(task.http_request["url"])
+    return push.display_url(task.queue.push["url"]) if task.queue.push else None
+
+
+def _http_target(task: Task) -> dict[str, Any] | None:
+    """A Cloud Tasks task's name, method, URL (without user info or query), header names
+    and body size (API-cloudtasks.md "Native view": never a header's value)."""
+    http = task.http_request
+    if http is None:
+        return None
+    body = http.get("body") or ""
+    return {
+        "name": task.name or str(task.pk),
+        "method": http["http_method"],
+        "url": push.display_url(http["url"]),
+        "headers": sorted(http.get("headers") or {}),
+        "body_bytes": len(base64.b64decode(body)) if body else 0,
+        "deadline": http.get("dispatch_deadline_seconds"),
+        "oidc": bool(http.get("oidc_token")),
+    }
 
 
 _HTTP_ERROR = re.compile(r"HTTP (\d{3}): (.*)", re.S)
