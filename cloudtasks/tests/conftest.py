@@ -39,3 +39,24 @@ def keys(transactional_db: None) -> dict[str, str]:
         role: ApiKey.issue(name=f"ct-{role}", role=role)[1]
         for role in ("admin", "producer", "worker")
     }
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, transactional_db: None, redis_client: redis.Redis) -> Iterator[Service]:
+    svc = Service(
+        tmp_path,
+        {
+            "DATABASE_URL": database_url(connection.settings_dict),
+            "REDIS_URL": settings.REDIS_URL,
+            "SECRET_KEY": "cloudtasks-delivery",
+            "TASKFORGE_PUSH_SIGNING_SECRET": "sign-me",
+            # The target is on this host (API.md "Security (v1.2)").
+            "TASKFORGE_PUSH_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
+        },
+        extra_loops=("pusher",),
+    )
+    svc.start()
+    try:
+        yield svc
+    finally:
+        svc.stop()

@@ -9,45 +9,19 @@ from __future__ import annotations
 import base64
 import itertools
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import jwt
-import pytest
-import redis
-from django.conf import settings
-from django.db import connection
 
 from queues.models import Queue
 from taskforge.audit.models import AuditEntry
 from tasks.models import Task, TaskStatus
 from tests.pushtarget import Answer, Request, Target
-from tests.service import Api, Service, database_url
+from tests.service import Api, Service
 from workers.models import SigningKey
 
 P = "/v2/projects/p/locations/l"
 S = TaskStatus
-
-
-@pytest.fixture
-def fleet(tmp_path: Path, transactional_db: None, redis_client: redis.Redis) -> Iterator[Service]:
-    svc = Service(
-        tmp_path,
-        {
-            "DATABASE_URL": database_url(connection.settings_dict),
-            "REDIS_URL": settings.REDIS_URL,
-            "SECRET_KEY": "cloudtasks-delivery",
-            "TASKFORGE_PUSH_SIGNING_SECRET": "sign-me",
-            # The target is on this host (API.md "Security (v1.2)").
-            "TASKFORGE_PUSH_ALLOWED_NETWORKS": "127.0.0.0/8",
-        },
-        extra_loops=("pusher",),
-    )
-    svc.start()
-    try:
-        yield svc
-    finally:
-        svc.stop()
 
 
 def wait_for(check: Callable[[], bool], seconds: float = 30.0) -> None:
