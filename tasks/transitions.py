@@ -369,26 +369,17 @@ def cancel(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
 
 @verb(_CANCEL_ATTEMPT)
 def cancel_attempt(task: Task, *, now: datetime | None = None) -> None:
-    """executing -> cancelled: a Cloud Tasks DeleteTask while an attempt is in flight.
-
-    The attempt's answer is then discarded (its holder's ack or nack finds the
-    lease lost); its concurrency slot is freed once the move commits.
-    Caller contract: holds the row lock inside `atomic()`.
+    """executing -> cancelled (a Cloud Tasks DeleteTask): the attempt's answer is then
+    discarded, its slot freed on commit.  Caller contract: row lock inside `atomic()`.
 
     Raises:
         InvalidTransition: the task is not executing.
     """
     now = now or timezone.now()
-    _move(
-        [task],
-        S.CANCELLED,
-        _CANCEL_ATTEMPT,
-        event="cancelled",
-        now=now,
-        worker_id=task.claimed_by,
-        error="deleted while its attempt was in flight",
-        changes={"finished_at": now},
-    )
+    error = "deleted while its attempt was in flight"
+    changes = {"finished_at": now}
+    _move([task], S.CANCELLED, _CANCEL_ATTEMPT, event="cancelled", now=now, error=error,
+          worker_id=task.claimed_by, changes=changes)  # fmt: skip
     concurrency.release_on_commit([task])
 
 

@@ -1,4 +1,4 @@
-"""docs/cloud-tasks.md's worked example runs: examples/cloudtasks/producer.py (Google's
+"""docs/cloud-tasks.md's worked example runs: examples/cloudtasks_producer.py (Google's
 client, TaskForge's setup) and receiver.py (verifies the OIDC token with PyJWT)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_example__the_producer_reaches_the_receiver_with_a_verified_token(
     }
     out = (tmp_path / "receiver.log").open("w+")
     receiver = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples/cloudtasks/receiver.py")],
+        [sys.executable, str(ROOT / "examples/cloudtasks_receiver.py")],
         env=env,
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -34,7 +34,7 @@ def test_example__the_producer_reaches_the_receiver_with_a_verified_token(
     try:
         time.sleep(1.0)  # the receiver reads the issuer, then listens
         produced = subprocess.run(
-            [sys.executable, str(ROOT / "examples/cloudtasks/producer.py")],
+            [sys.executable, str(ROOT / "examples/cloudtasks_producer.py")],
             env=env,
             capture_output=True,
             text=True,

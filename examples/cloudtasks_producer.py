@@ -2,7 +2,7 @@
 
     export TASKFORGE_URL=http://localhost:8080
     export TASKFORGE_API_KEY=$(cat .taskforge/admin_api_key)
-    python examples/cloudtasks/producer.py
+    python examples/cloudtasks_producer.py
 
 Needs `pip install google-cloud-tasks`.  Creates the queue `cloudtasks-demo` (once) and
 a named task for receiver.py, with an OIDC token, then shows the task as Cloud Tasks does.

@@ -1,6 +1,6 @@
 """A receiver of Cloud Tasks push requests that verifies their OIDC ID token.
 
-Run it, then producer.py:  python examples/cloudtasks/receiver.py  (listens on :8099)
+Run it, then cloudtasks_producer.py:  python examples/cloudtasks_receiver.py  (on :8099)
 
 It checks the token with PyJWT (`pip install "pyjwt[crypto]"`) against TaskForge's
 /.well-known/jwks.json, as it would against Google's, and prints each task it gets.
