@@ -239,12 +239,10 @@ def delete_task(call: Call) -> dict[str, Any]:
 
 def run_task(call: Call) -> dict[str, Any]:
     body = _no_body(call, "responseView", "name")
-    _view(body.get("responseView", 0), "responseView")
+    view = _view(body.get("responseView", 0), "responseView")
     assert call.task_id is not None
-    task = services.find_task(call.queue(), call.task_id)
-    if task.http_request is None:
-        raise errors.failed_precondition("RunTask needs a task made over /v2 (with httpRequest).")
-    raise errors.unimplemented("RunTask")
+    task = services.run_task(call.queue(), call.task_id, actor=call.actor)
+    return ct_tasks.shown(task, call.queue_path, view=view, out=call.out)
 
 
 # -- pages --

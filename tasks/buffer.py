@@ -78,6 +78,9 @@ _PRIORITY_WEIGHT = 10**13
 # target (the Cloud Tasks API's) from; claims never read it.  Both lanes share
 # the queue's token bucket and running set: its rate and cap count them together.
 HTTP_LANE = "http"
+# The lane of tasks a Cloud Tasks RunTask dispatches now: push processes take it
+# first, with no rate limit, cap or pause holding it back.
+RUN_LANE = "run"
 
 
 def ready_key(queue_id: uuid.UUID | str, lane: str = "") -> str:
@@ -387,6 +390,7 @@ class Buffer:
         self.client.delete(
             ready_key(queue_id),
             ready_key(queue_id, HTTP_LANE),
+            ready_key(queue_id, RUN_LANE),
             bucket_key(queue_id),
             running_key(queue_id),
             counted_key(queue_id),

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS
 
 from queues import lookup
 from queues.models import Queue
-from taskforge.lib import internals, pg
+from taskforge.lib import internals, jsonutil, pg
 from taskforge.lib.ids import uuid7
 from tasks.models import Task
 
@@ -37,6 +37,20 @@ class NewTask:
     name: str | None = None
     http_request: dict[str, Any] | None = None
     retry_config: dict[str, Any] | None = None
+
+
+class Buffered(NamedTuple):
+    """A task `transitions.buffer_due` moved into the buffer (`http`: to the push lane)."""
+
+    task_id: str
+    priority: int
+    scheduled_at: datetime
+    http: bool = False
+
+
+def json_or_none(value: Any) -> str | None:
+    """A JSON column's value as the statements take it (text), or NULL."""
+    return None if value is None else jsonutil.dumps(value).decode()
 
 
 # Task.queue, which the tasks built here get through internals.cache_related.

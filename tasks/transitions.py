@@ -24,7 +24,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from django.db import transaction
 from django.utils import timezone
@@ -38,7 +38,8 @@ from tasks.exceptions import InvalidTransition
 from tasks.lifecycle import FINISHED, Edge
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.retry import after_failure
-from tasks.rows import ATTNAMES, run_statement, stored_task
+from tasks.rows import ATTNAMES, json_or_none, run_statement, stored_task
+from tasks.rows import Buffered as Buffered  # what `buffer_due` answers
 from tasks.rows import NewTask as NewTask  # what `create` takes, named here for its callers
 
 logger = logging.getLogger("taskforge.transitions")
@@ -70,6 +71,7 @@ _DEAD: frozenset[Edge] = frozenset({(S.EXECUTING, S.DEAD)})
 _CANCEL: frozenset[Edge] = frozenset((s, S.CANCELLED) for s in (S.PENDING, S.CLAIMED, S.RETRY))
 _REPLAY: frozenset[Edge] = frozenset({(S.DEAD, S.PENDING)})
 _CANCEL_ATTEMPT: frozenset[Edge] = frozenset({(S.EXECUTING, S.CANCELLED)})
+_RUN_NOW: frozenset[Edge] = frozenset({(S.PENDING, S.CLAIMED)})
 
 
 @verb(sql.CREATE.edges)
@@ -124,8 +126,8 @@ def create(
                     "keys": pg.array(task.idempotency_key for task in group),
                     "buffer": pg.array(task.status == S.CLAIMED for task in group),
                     "names": pg.array(task.name for task in group),
-                    "http": pg.array(_json_or_none(task.http_request) for task in group),
-                    "retry": pg.array(_json_or_none(task.retry_config) for task in group),
+                    "http": pg.array(json_or_none(task.http_request) for task in group),
+                    "retry": pg.array(json_or_none(task.retry_config) for task in group),
                     "notify": wake
                     and any(t.status == S.PENDING and t.scheduled_at <= now for t in group),
                     "wake_at": _earliest_later(group, now),
@@ -143,23 +145,10 @@ def create(
     return stored
 
 
-def _json_or_none(value: Any) -> str | None:
-    return None if value is None else jsonutil.dumps(value).decode()
-
-
 def _earliest_later(tasks: Sequence[Task], now: datetime) -> str | None:
     """Unix seconds of the earliest task due after `now`, for the schedulers' wake-up."""
     later = [task.scheduled_at for task in tasks if task.scheduled_at > now]
     return f"{min(later).timestamp():.6f}" if later else None
-
-
-class Buffered(NamedTuple):
-    """A task `buffer_due` moved into the buffer."""
-
-    task_id: str
-    priority: int
-    scheduled_at: datetime
-    http: bool = False
 
 
 @verb(sql.BUFFER_DUE.edges)
@@ -193,6 +182,15 @@ def buffer_due(
     ]
 
 
+@verb(_RUN_NOW)
+def run_now(task: Task, *, now: datetime | None = None) -> None:
+    """pending -> claimed, due now, for one task (a Cloud Tasks RunTask: the caller
+    pushes it to the run lane).  Caller contract: row lock inside `atomic()`."""
+    now = now or timezone.now()
+    changes = {"scheduled_at": now}
+    _move([task], S.CLAIMED, _RUN_NOW, event="buffered", now=now, changes=changes)
+
+
 @verb(_UNBUFFER)
 def unbuffer(tasks: Sequence[Task], *, now: datetime | None = None) -> None:
     """claimed -> pending: back out of the buffer (queue paused, shutdown, lost push).
@@ -222,8 +220,11 @@ def hand_out(
     queues: dict[Any, Queue] | None = None,
     now: datetime | None = None,
     push: bool = False,
+    run: bool = False,
 ) -> list[Task]:
     """claimed -> executing for buffered ids a claim popped, in one statement.
+
+    `run`: ids of the run lane (a RunTask's), handed out even from a paused queue.
 
     The attempt counts up and the lease starts now.  For a push process
     (`push`), which does not heartbeat, it starts the target's
@@ -246,6 +247,7 @@ def hand_out(
         "key_id": key_id,
         "now": now,
         "push": push,
+        "run": run,
     }
     moved = run_statement(sql.HAND_OUT.text, params, queues)
     order = {str(task_id): index for index, task_id in enumerate(ids)}

@@ -38,7 +38,7 @@ from queues.models import Queue
 from taskforge.api import revocation
 from taskforge.lib import jsonutil, pg, stopping
 from tasks import concurrency, transitions
-from tasks.buffer import HTTP_LANE, get_buffer, score
+from tasks.buffer import HTTP_LANE, RUN_LANE, get_buffer, score
 from tasks.models import Task, TaskStatus, lease_ends_at
 from tasks.wakeup import waiters
 from workers import heartbeats, sql
@@ -200,21 +200,21 @@ def take(
     retry_in = 0.0
     paused = set() if paused is None else paused
     for queue, lane in _lanes(queues, push=push):
-        if queue.id in paused:
+        run = lane == RUN_LANE  # a RunTask's: no pause, rate limit or cap holds it back
+        if queue.id in paused and not run:
             continue
+        rate, cap = (None, None) if run else (queue.rate_limit, queue.max_concurrency)
         rounds = 0
         while rounds < _POP_ROUNDS:
             want = max_tasks - len(handed)
             if want <= 0:
                 return handed, 0.0
-            taken = buffer.take(queue.id, want, queue.rate_limit, queue.max_concurrency, lane=lane)
+            taken = buffer.take(queue.id, want, rate, cap, lane=lane)
             if taken.uncounted and concurrency.recount_for_claim(queue):
                 # Redis lost the queue's running count (or the cap is new):
                 # rebuilt from Postgres, take under it.  Another claim
                 # rebuilding it wakes this one when done.
-                taken = buffer.take(
-                    queue.id, want, queue.rate_limit, queue.max_concurrency, lane=lane
-                )
+                taken = buffer.take(queue.id, want, rate, cap, lane=lane)
             if taken.wait_ms:
                 hint = taken.wait_ms / 1000
                 retry_in = hint if not retry_in else min(retry_in, hint)
@@ -228,6 +228,7 @@ def take(
                     queues=by_id,
                     now=timezone.now(),
                     push=push,
+                    run=run,
                 )
             except Exception:
                 # Postgres failed after the pop: put the ids back (they are
@@ -260,10 +261,11 @@ def take(
 
 def _lanes(queues: Sequence[Queue], *, push: bool) -> list[tuple[Queue, str]]:
     """The buffer lanes a pass reads: a claim, the pull queues' own; a push process,
-    the push queues' own and every queue's push lane (tasks with an HTTP target)."""
+    every queue's run lane first (RunTask's), the push queues' own and every queue's
+    push lane (tasks with an HTTP target)."""
     if not push:
         return [(queue, "") for queue in queues if not queue.is_push]
-    lanes: list[tuple[Queue, str]] = []
+    lanes: list[tuple[Queue, str]] = [(queue, RUN_LANE) for queue in queues]
     for queue in queues:
         if queue.is_push:
             lanes.append((queue, ""))

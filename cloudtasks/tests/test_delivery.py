@@ -266,3 +266,37 @@ def test_delete__an_executing_task_is_cancelled_and_its_answer_discarded(
     assert (task.status, task.result) == (S.CANCELLED, None)
     assert len(target.requests) == 1
     assert AuditEntry.objects.filter(action="task.cancel", target=str(task.pk)).exists()
+
+
+def test_run_task__dispatches_at_once_in_a_paused_queue_and_a_later_schedule(
+    fleet: Service, keys: dict[str, str]
+) -> None:
+    admin = Api(fleet.base_url, keys["admin"])
+    admin.ok("POST", f"{P}/queues", {"name": f"{P[4:]}/queues/held"})
+    admin.ok("POST", f"{P}/queues/held:pause", {})
+    with Target() as target:
+        later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
+        admin.ok(
+            "POST",
+            f"{P}/queues/held/tasks",
+            {
+                "task": {
+                    "name": f"{P[4:]}/queues/held/tasks/r",
+                    "scheduleTime": later,
+                    "httpRequest": {"url": target.url("/run")},
+                }
+            },
+        )
+        began = time.monotonic()
+        ran = admin.ok("POST", f"{P}/queues/held/tasks/r:run", {})
+        assert ran["dispatchCount"] == 1
+        wait_for(lambda: len(target.requests) == 1, 10)
+        assert time.monotonic() - began < 3
+        assert target.requests[0].path == "/run"
+    wait_for(lambda: Task.objects.filter(name="r", status=S.DONE).exists())
+    assert AuditEntry.objects.filter(action="task.run", queue="held").count() == 1
+    # A task made by the native API cannot be run over /v2.
+    Api(fleet.base_url, keys["producer"]).ok("POST", "/queues/held/tasks", {"payload": 1})
+    native = Task.objects.get(queue__name="held", name=None)
+    status, answer = admin.call("POST", f"{P}/queues/held/tasks/{native.pk}:run", {})
+    assert (status, answer["error"]["status"]) == (400, "FAILED_PRECONDITION")

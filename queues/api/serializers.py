@@ -186,6 +186,11 @@ class QueueCreateSerializer(QueuePatchSerializer):
     # As sent: " a" or "abc\n" is not a queue name (API.md), so nothing is trimmed.
     name = StrictCharField(max_length=100, trim_whitespace=False)
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        attrs.pop("max_attempts", None)  # a new queue has none: max_retries + 1
+        return attrs
+
     def validate_name(self, value: str) -> str:
         if not is_queue_name(value):
             raise serializers.ValidationError(

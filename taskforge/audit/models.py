@@ -22,6 +22,7 @@ class Action(models.TextChoices):
     QUEUE_RESUME = "queue.resume", "queue.resume"
     QUEUE_PURGE = "queue.purge", "queue.purge"
     TASK_CANCEL = "task.cancel", "task.cancel"
+    TASK_RUN = "task.run", "task.run"
     DLQ_REPLAY = "dlq.replay", "dlq.replay"
     DLQ_DISCARD = "dlq.discard", "dlq.discard"
     SCHEDULE_CREATE = "schedule.create", "schedule.create"

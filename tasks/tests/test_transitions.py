@@ -48,6 +48,7 @@ CALLS: dict[str, Callable[[Task], object]] = {
     "expire_lease": lambda t: transitions.expire_lease(t),
     "cancel": lambda t: transitions.cancel([t]),
     "cancel_attempt": lambda t: transitions.cancel_attempt(t),
+    "run_now": lambda t: transitions.run_now(t),
     "replay": lambda t: transitions.replay([t]),
 }
 
