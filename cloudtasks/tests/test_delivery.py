@@ -300,3 +300,35 @@ def test_run_task__dispatches_at_once_in_a_paused_queue_and_a_later_schedule(
     native = Task.objects.get(queue__name="held", name=None)
     status, answer = admin.call("POST", f"{P}/queues/held/tasks/{native.pk}:run", {})
     assert (status, answer["error"]["status"]) == (400, "FAILED_PRECONDITION")
+
+
+def test_rate_and_concurrency__observed_at_the_target(fleet: Service, keys: dict[str, str]) -> None:
+    """maxDispatchesPerSecond 2 (burst 2): over any span of the arrivals, at most
+    2*T + 2 of them; maxConcurrentDispatches 2: never more than 2 in flight at once."""
+    admin = Api(fleet.base_url, keys["admin"])
+    admin.ok(
+        "POST",
+        f"{P}/queues",
+        {"name": f"{P[4:]}/queues/paced", "rateLimits": {"maxDispatchesPerSecond": 2}},
+    )
+    admin.ok(
+        "POST",
+        f"{P}/queues",
+        {"name": f"{P[4:]}/queues/narrow", "rateLimits": {"maxConcurrentDispatches": 2}},
+    )
+    with Target() as fast, Target(lambda r: Answer(200, delay=0.5)) as slow:
+        for _ in range(8):
+            for queue, target in (("paced", fast), ("narrow", slow)):
+                admin.ok(
+                    "POST",
+                    f"{P}/queues/{queue}/tasks",
+                    {"task": {"httpRequest": {"url": target.url()}}},
+                )
+        wait_for(lambda: len(fast.requests) == len(slow.requests) == 8, 60)
+        paced = sorted(r.at for r in fast.requests)
+        for i, start in enumerate(paced):
+            for j in range(i + 1, len(paced)):
+                # Arrivals are measured at the target: a little slack for the network.
+                assert j - i + 1 <= 2 * (paced[j] - start + 0.1) + 2, paced
+        assert paced[-1] - paced[0] >= 2.5  # 8 tasks at 2/s after a burst of 2
+        assert 1 <= slow.max_concurrent <= 2
