@@ -81,6 +81,7 @@ def main() -> int:
                     "key_id": None,
                     "now": now,
                     "push": False,
+                    "run": False,
                 },
             ),
             (
@@ -92,6 +93,7 @@ def main() -> int:
                     "key_id": None,
                     "now": now,
                     "push": False,
+                    "run": False,
                 },
             ),
             (

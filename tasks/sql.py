@@ -197,11 +197,11 @@ WITH no_flush_wait AS (
     SELECT tasks_task.id, tasks_task.status_changed_at, q.push
     FROM tasks_task JOIN queues_queue q ON q.id = tasks_task.queue_id
     WHERE tasks_task.id = ANY(%(ids)s::uuid[]) AND {by_id_with_status("tasks_task", "claimed")}
-      -- A RunTask's task (`run`: popped from the run lane) goes even from a paused queue.
-      AND (NOT q.paused OR %(run)s::boolean)
       -- A task with an HTTP target goes to push processes only, whatever its queue.
       AND CASE WHEN tasks_task.http_request IS NOT NULL THEN %(push)s::boolean
                ELSE (q.push IS NOT NULL) = %(push)s::boolean END
+      -- A RunTask's task (`run`: popped from the run lane) goes even from a paused queue.
+      AND (NOT q.paused OR %(run)s::boolean)
     ORDER BY tasks_task.id
     FOR NO KEY UPDATE OF tasks_task
 ), moved AS (

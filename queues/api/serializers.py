@@ -141,7 +141,9 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
         ]
         read_only_fields = fields
 
-    @extend_schema_field({"type": "number", "nullable": True, "exclusiveMinimum": 0})
+    @extend_schema_field(
+        {"type": "number", "nullable": True, "minimum": 0, "exclusiveMinimum": True}
+    )
     def get_rate_limit(self, queue: Queue) -> float | int | None:
         """Tasks per second; a fraction when set over the Cloud Tasks API."""
         return rate_shown(queue.rate_limit)

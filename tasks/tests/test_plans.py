@@ -123,7 +123,9 @@ def test_statements_by_id__use_the_primary_key_under_history_statistics(
     nones: list[None] = [None] * len(held_ids)
     common = {"worker_id": "w", "key_id": None, "now": now}
     plans = {
-        "hand_out": plan(sql.HAND_OUT.text, {**common, "ids": ids[20:], "push": False}),
+        "hand_out": plan(
+            sql.HAND_OUT.text, {**common, "ids": ids[20:], "push": False, "run": False}
+        ),
         "ack": plan(sql.ACK.text, {**common, "ids": held_ids, "attempts": nones, "results": nones}),
         "heartbeat": plan(worker_sql.HEARTBEAT, {**common, "ids": held_ids, "attempts": nones}),
     }
@@ -199,7 +201,7 @@ def test_statements_by_id__generic_plans_use_the_primary_key_before_any_claim() 
     common = {"worker_id": "w", "key_id": None, "now": now, "ids": ids}
     nones: list[None] = [None] * len(ids)
     plans = {
-        "hand_out": generic_plan(sql.HAND_OUT.text, {**common, "push": False}),
+        "hand_out": generic_plan(sql.HAND_OUT.text, {**common, "push": False, "run": False}),
         "ack": generic_plan(sql.ACK.text, {**common, "attempts": nones, "results": nones}),
         "heartbeat": generic_plan(worker_sql.HEARTBEAT, {**common, "attempts": nones}),
     }
@@ -244,7 +246,7 @@ def test_statements_by_id__generic_plans_use_the_primary_key_under_history_stati
     common = {"worker_id": "w", "key_id": None, "now": now, "ids": ids}
     nones: list[None] = [None] * len(ids)
     plans = {
-        "hand_out": generic_plan(sql.HAND_OUT.text, {**common, "push": False}),
+        "hand_out": generic_plan(sql.HAND_OUT.text, {**common, "push": False, "run": False}),
         "ack": generic_plan(sql.ACK.text, {**common, "attempts": nones, "results": nones}),
     }
     _through_the_primary_key(plans)

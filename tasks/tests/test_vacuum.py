@@ -124,10 +124,11 @@ def _hand_out_plan(task_id: str) -> str:
             ["SET status = 'executing', attempts = t.attempts + 1"],
         )
         (name,) = cursor.fetchone()
-        # Its parameters, in the order they first appear: ids, push, worker_id,
-        # key_id, now (tasks.sql.HAND_OUT).
+        # Its parameters, in the order they first appear: ids, push, run,
+        # worker_id, key_id, now (tasks.sql.HAND_OUT).
         cursor.execute(
-            f"EXPLAIN EXECUTE {name}(ARRAY[%s]::uuid[], false, 'w', NULL, now())", [task_id]
+            f"EXPLAIN EXECUTE {name}(ARRAY[%s]::uuid[], false, false, 'w', NULL, now())",
+            [task_id],
         )
         return "\n".join(row[0] for row in cursor.fetchall())
 
