@@ -24,7 +24,7 @@ from multidict import CIMultiDict
 from queues import push
 from taskforge.lib import jsonutil
 from tasks.models import Task
-from workers import oidc
+from workers import oidc, sql
 
 USER_AGENT = "Google-Cloud-Tasks"
 
@@ -143,18 +143,6 @@ class Attempt:
     message: str
 
 
-_RECORD = """
-UPDATE tasks_task t SET http_attempts = jsonb_build_object(
-    'response_count', coalesce((t.http_attempts ->> 'response_count')::int, 0) + a.responded,
-    'execution_count', coalesce((t.http_attempts ->> 'execution_count')::int, 0) + a.executed,
-    'previous_response', a.status,
-    'last', a.last::jsonb)
-FROM unnest(%s::uuid[], %s::int[], %s::int[], %s::int[], %s::int[], %s::text[])
-    AS a(id, attempt, responded, executed, status, last)
-WHERE t.id = a.id AND t.attempts = a.attempt
-"""
-
-
 def record(attempts: Sequence[Attempt], *, now: datetime) -> None:
     """Keep what each attempt got on its task, in one statement (before its outcome)."""
     if not attempts:
@@ -179,7 +167,9 @@ def record(attempts: Sequence[Attempt], *, now: datetime) -> None:
             )
         )
     with connection.cursor() as cursor:
-        cursor.execute(_RECORD, [list(column) for column in zip(*rows, strict=True)])
+        cursor.execute(
+            sql.RECORD_HTTP_ATTEMPTS, [list(column) for column in zip(*rows, strict=True)]
+        )
 
 
 def _time(moment: datetime) -> str:

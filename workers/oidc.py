@@ -23,6 +23,7 @@ from django.db import IntegrityError, transaction
 
 from taskforge.conf import conf
 from taskforge.lib import jsonutil
+from workers import sql
 from workers.models import SigningKey
 
 TOKEN_SECONDS = 3600
@@ -67,7 +68,7 @@ def signing_key() -> tuple[str, rsa.RSAPrivateKey]:
                     # Two processes making the first key at once: a lock on the
                     # table's first row decides; the loser reads the winner's.
                     with transaction.get_connection().cursor() as cursor:
-                        cursor.execute("LOCK TABLE workers_signingkey IN EXCLUSIVE MODE")
+                        cursor.execute(sql.LOCK_SIGNING_KEYS)
                     row = SigningKey.objects.order_by("-created_at", "-id").first()
                     if row is None:
                         row = SigningKey.objects.create(kid=secrets.token_hex(8), private_pem=pem)

@@ -51,3 +51,26 @@ CROSS JOIN LATERAL (
 ) AS f
 WHERE c.n > 0
 """
+
+
+# -- record_http_attempts --
+# What each attempt of a task with an HTTP target got (workers.httptasks.record):
+# responses and executions counted up, the last status and the last attempt
+# (JSON text), for the attempt still current (attempts = attempt).  Params:
+# ids (uuid[]), attempts, responded (0/1), executed (0/1), statuses (int[],
+# NULL for none), lasts (text[]), positional.
+RECORD_HTTP_ATTEMPTS = """
+UPDATE tasks_task t SET http_attempts = jsonb_build_object(
+    'response_count', coalesce((t.http_attempts ->> 'response_count')::int, 0) + a.responded,
+    'execution_count', coalesce((t.http_attempts ->> 'execution_count')::int, 0) + a.executed,
+    'previous_response', a.status,
+    'last', a.last::jsonb)
+FROM unnest(%s::uuid[], %s::int[], %s::int[], %s::int[], %s::int[], %s::text[])
+    AS a(id, attempt, responded, executed, status, last)
+WHERE t.id = a.id AND t.attempts = a.attempt
+"""
+
+# -- lock_signing_keys --
+# Two processes making the first OIDC signing key at once (workers.oidc): the
+# table lock decides, the loser reads the winner's key.
+LOCK_SIGNING_KEYS = "LOCK TABLE workers_signingkey IN EXCLUSIVE MODE"
