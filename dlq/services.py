@@ -18,7 +18,8 @@ from queues.models import Queue
 from taskforge.audit.log import Actor, record
 from taskforge.audit.models import Action
 from taskforge.errors import NotFound
-from tasks import transitions
+from tasks import names, transitions
+from tasks.exceptions import InvalidTransition
 from tasks.models import Task, TaskStatus
 
 BATCH = 1000
@@ -39,6 +40,10 @@ def replay_one(queue: Queue, task_id: str, *, actor: Actor) -> Task:
         if task is None:
             raise NotDead()
         task.queue = queue
+        if not names.reclaim(task):
+            raise InvalidTransition(
+                f"Another task named {task.name!r} is on its way in this queue."
+            )
         transitions.replay([task])
         record(actor, Action.DLQ_REPLAY, queue=queue.name, target=str(task.pk))
     return task
@@ -157,7 +162,8 @@ def _dead(queue: Queue) -> QuerySet[Task]:
 
 
 def _replay_locked(queue: Queue, locked: QuerySet[Task]) -> int:
-    tasks = list(locked)
+    # A named task (the Cloud Tasks API's) whose name another live task holds is skipped.
+    tasks = [task for task in locked if names.reclaim(task)]
     for task in tasks:
         task.queue = queue
     transitions.replay(tasks)

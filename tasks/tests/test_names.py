@@ -9,10 +9,12 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from dlq import services as dlq_services
 from queues.models import Queue
 from queues.tests.factories import QueueFactory
+from taskforge.audit.log import CLI
 from tasks import names, retention, transitions
-from tasks.exceptions import NameTaken, NameUsedRecently
+from tasks.exceptions import InvalidTransition, NameTaken, NameUsedRecently
 from tasks.models import Task, TaskName, TaskStatus
 from tasks.tests.factories import TaskFactory
 
@@ -104,3 +106,22 @@ def test_take__concurrent_creates_take_a_name_once() -> None:
         thread.join(timeout=30)
     assert sorted(outcomes) == ["created", "taken"]
     assert TaskName.objects.filter(queue=queue, name="same").count() == 1
+
+
+@pytest.mark.django_db
+def test_replay__waits_while_another_live_task_holds_the_name(settings) -> None:
+    """A dead named task replayed: 409 invalid_state while a new task holds its name,
+    replayed (and holding it again) once that one finished."""
+    settings.TASKFORGE_CLOUDTASKS_DEDUP_SECONDS = 0
+    queue = QueueFactory()
+    dead = TaskFactory(queue=queue, name="n", status=S.DEAD)
+    _take(queue, "n", dead)
+    other = TaskFactory(queue=queue, name="n")
+    _take(queue, "n", other)  # the dead one released it (no window)
+    with pytest.raises(InvalidTransition):
+        dlq_services.replay_one(queue, str(dead.pk), actor=CLI)
+    assert dlq_services.replay_many(queue, [str(dead.pk)], actor=CLI) == 0
+    with transaction.atomic():
+        transitions.cancel([Task.objects.select_for_update().get(pk=other.pk)])
+    assert dlq_services.replay_one(queue, str(dead.pk), actor=CLI).status == S.PENDING
+    assert TaskName.objects.get(queue=queue, name="n").task_id == dead.pk
