@@ -54,14 +54,13 @@ class Driver:
 
     def __init__(self) -> None:
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskforge.settings")
-        from django.core.management import call_command
+        import django
 
-        from taskforge.wsgi import application
-
-        call_command("migrate", verbosity=0, interactive=False)
+        django.setup(set_prefix=False)
         from queues.models import Queue
         from taskforge.api.models import ApiKey
         from taskforge.api.server import prepare_process
+        from taskforge.wsgi import application
 
         self.app: Any = application
         self.answer = getattr(application, "answer", None)
@@ -207,8 +206,11 @@ class Checkout:
         env = dict(os.environ, DATABASE_URL=database_url, PYTHONPATH=str(root))
         env.update(item.split("=", 1) for item in getattr(args, f"env_{label.lower()}"))
         env.setdefault("SECRET_KEY", "bench-secret")
-        env.setdefault("LOG_LEVEL", "WARNING")
+        env.setdefault("LOG_LEVEL", "INFO")  # as run_api: a line per request and transition
         env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="reqcpu-metrics-")
+        # The schema first, in a plain process (under callgrind it would take minutes).
+        migrate = [sys.executable, "manage.py", "migrate", "--verbosity", "0"]
+        subprocess.run(migrate, cwd=root, env=env, check=True)
         command = [sys.executable, os.path.abspath(__file__), "--child"]
         command += ["--cycles", str(args.cycles), "--warmup", str(args.warmup)]
         if args.profile:
@@ -219,11 +221,17 @@ class Checkout:
                 "valgrind",
                 "--tool=callgrind",
                 f"--callgrind-out-file={self.callgrind}",
-                "--collect-atstart=no",
+                "--instr-atstart=no",
                 *command,
             ]
         self.process = subprocess.Popen(
-            command, cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            command,
+            cwd=root,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None if args.stderr else subprocess.DEVNULL,  # the log lines, written
+            text=True,
         )
         self._read("ready")
 
@@ -258,10 +266,14 @@ class Checkout:
     def instructions(self) -> int:
         """Under callgrind, once stopped: the instructions counted in the rounds."""
         assert self.callgrind
-        for line in Path(self.callgrind).read_text().splitlines():
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-        raise SystemExit(f"no totals in {self.callgrind}")
+        totals = [
+            int(line.split()[1])
+            for line in Path(self.callgrind).read_text().splitlines()
+            if line.startswith("totals:")
+        ]
+        if not totals:
+            raise SystemExit(f"no totals in {self.callgrind}")
+        return totals[-1]
 
     def stop(self) -> None:
         assert self.process.stdin is not None
@@ -353,6 +365,7 @@ def main() -> None:
     parser.add_argument("--database", default="taskforge_reqcpu")
     parser.add_argument("--profile", help="a cProfile file of the rounds (CPU clock)")
     parser.add_argument("--callgrind", help="a callgrind output file of the whole process")
+    parser.add_argument("--stderr", action="store_true", help="show the processes' log lines")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
