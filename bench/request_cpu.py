@@ -237,7 +237,7 @@ class Checkout:
 
     def _read(self, wanted: str | None = None) -> str:
         assert self.process.stdout is not None
-        line = self.process.stdout.readline()
+        line: str = self.process.stdout.readline()
         if not line:
             raise SystemExit(f"{self.label}: the process ended ({self.process.wait()})")
         if wanted is not None and line.strip() != wanted:
