@@ -416,6 +416,7 @@ def test_createqueue__prints_the_queue_as_json() -> None:
         "max_concurrency": 7,
         "push": None,
         "paused": False,
+        "retry_policy": None,
         "created_at": printed["created_at"],
     }
     assert printed["created_at"].endswith("Z")
