@@ -16,32 +16,18 @@ from typing import Any
 
 import pytest
 import redis
-from django.conf import settings
-from django.db import connection
 
 from queues.models import Queue
 from taskforge.api.models import ApiKey
-from tests.service import API, Api, Service, database_url
+from tests.service import API, Api, Service, api_process
 
 pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
 def server(tmp_path: Path, transactional_db: None, redis_client: redis.Redis) -> Iterator[Service]:
-    svc = Service(
-        tmp_path,
-        {
-            "DATABASE_URL": database_url(connection.settings_dict),
-            "REDIS_URL": settings.REDIS_URL,
-            "SECRET_KEY": "run-api-secret-key",
-        },
-    )
-    svc.spawn(API)
-    try:
-        svc.wait_ready([API])
+    with api_process(tmp_path, {"SECRET_KEY": "run-api-secret-key"}) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

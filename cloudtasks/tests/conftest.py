@@ -11,25 +11,13 @@ from django.conf import settings
 from django.db import connection
 
 from taskforge.api.models import ApiKey
-from tests.service import API, Service, database_url
+from tests.service import Service, api_process, database_url
 
 
 @pytest.fixture
 def server(tmp_path: Path, transactional_db: None, redis_client: redis.Redis) -> Iterator[Service]:
-    svc = Service(
-        tmp_path,
-        {
-            "DATABASE_URL": database_url(connection.settings_dict),
-            "REDIS_URL": settings.REDIS_URL,
-            "SECRET_KEY": "cloudtasks-secret-key",
-        },
-    )
-    svc.spawn(API)
-    try:
-        svc.wait_ready([API])
+    with api_process(tmp_path, {"SECRET_KEY": "cloudtasks-secret-key"}) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture
