@@ -221,16 +221,27 @@ class MutableProxy:
         self.port = self.server.getsockname()[1]
         self.mute = threading.Event()
         self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()  # a connection accepted while closing is closed too
+        self.closed = False
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
         while True:
             try:
                 client, _ = self.server.accept()
-                upstream = socket.create_connection(self.upstream)
             except OSError:
                 return
-            self.sockets += [client, upstream]
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                return
+            with self.lock:
+                if self.closed:
+                    client.close()
+                    upstream.close()
+                    return
+                self.sockets += [client, upstream]
             threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
             threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
 
@@ -246,9 +257,11 @@ class MutableProxy:
                 return
 
     def close(self) -> None:
-        self.server.close()
-        for sock in self.sockets:
-            sock.close()
+        with self.lock:
+            self.closed = True
+            self.server.close()
+            for sock in self.sockets:
+                sock.close()
 
 
 def test_listener__gives_up_a_silent_subscription_and_wakes_its_watchers(
