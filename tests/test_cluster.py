@@ -70,7 +70,7 @@ from tests.test_faults import (  # noqa: F401  (fixtures and tests run here agai
     terminal,
     test_claim__priority_order_then_fifo,
     test_dlq__dead_tasks_replayed_to_completion,
-    test_long_poll__claim_returns_within_100ms_of_enqueue,
+    test_long_poll__claim_is_woken_by_the_enqueue,
     test_rate_limit__greedy_workers_get_at_most_r_t_plus_r,
     wait_for,
 )
