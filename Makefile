@@ -86,9 +86,14 @@ $(PGBOUNCER_STAMP): | $(STAMP)
 
 # pytest's exit code 5 means "no tests collected": an error when ARGS selected nothing,
 # accepted for the whole suite (a project with no tests yet is not a failing project).
+#
+# The suite runs in TEST_PROCESSES processes (pytest-xdist), a test file per process at a
+# time: most tests wait on servers they started, not on the CPU.  Each process has its own
+# test database and Redis db (tests/workers.py).  TEST_PROCESSES=0 runs it in one process.
+TEST_PROCESSES ?= 3
 test: $(STAMP) $(BROWSER_STAMP) $(PGBOUNCER_STAMP)
-	@echo "+ pytest $(ARGS)"
-	@$(DEVSERVICES) run --throwaway -- python -m pytest $(ARGS) \
+	@echo "+ pytest -n $(TEST_PROCESSES) $(ARGS)"
+	@$(DEVSERVICES) run --throwaway -- python -m pytest -n $(TEST_PROCESSES) --dist loadfile $(ARGS) \
 	  $(if $(strip $(ARGS)),,|| { rc=$$?; [ $$rc -eq 5 ] && echo "pytest: no tests collected" && exit 0; exit $$rc; })
 
 lint: $(STAMP)
