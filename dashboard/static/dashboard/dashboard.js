@@ -225,7 +225,8 @@
 
     apply(JSON.parse(dataNode.textContent));
 
-    var url = table ? table.getAttribute("data-stream") : null;
+    // The overview streams with no queue too: the first one created reloads it.
+    var url = live ? live.getAttribute("data-stream") : null;
     if (!url || !window.EventSource) return;
     var source = new window.EventSource(url);
     source.addEventListener("snapshot", function (event) {
