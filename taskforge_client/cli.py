@@ -5,6 +5,7 @@ Examples::
     taskforge queues    (or: taskforge queues list)
     taskforge queues create emails --max-retries 5 --rate-limit 20 --max-concurrency 10
     taskforge queues update emails --max-concurrency none    # none: no limit
+    taskforge queues update emails --retry-policy '{"max_backoff_seconds": 60}'    # or none
     taskforge queues pause emails  |  taskforge queues resume emails
     taskforge enqueue emails '{"to": "a@example.com"}' --priority 1 --delay 30
     taskforge task emails 0190...  |  taskforge task cancel emails 0190...
@@ -72,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
             default=[],
             metavar="NAME:VALUE",
             help="a header sent with every push request (repeatable)",
+        )
+        one.add_argument(
+            "--retry-policy",
+            type=_object_or_none,
+            metavar="JSON",
+            help='the backoff between attempts, e.g. \'{"min_backoff_seconds": 1, '
+            '"max_backoff_seconds": 300, "max_doublings": 5}\', or none',
         )
         if verb == "create":
             one.add_argument("--paused", action="store_true", help="create it paused")
@@ -158,6 +166,18 @@ def _int_or_none(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not an integer or none: {text!r}") from None
 
 
+def _object_or_none(text: str) -> Any:
+    if text.lower() == "none":
+        return _NONE
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not JSON or none: {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object or none: {text!r}")
+    return value
+
+
 def _task_words(args: argparse.Namespace) -> str | None:
     """Split `task`'s words into args.action, args.queue, args.id; a usage error or None.
 
@@ -189,10 +209,11 @@ def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
             max_concurrency=None if args.max_concurrency is _NONE else args.max_concurrency,
             push=_push(args),
             paused=True if args.paused else None,
+            retry_policy=None if args.retry_policy is _NONE else args.retry_policy,
         ).raw
     if command == "update":
         changes: dict[str, Any] = {}
-        for name in ("rate_limit", "max_concurrency"):
+        for name in ("rate_limit", "max_concurrency", "retry_policy"):
             value = getattr(args, name)
             if value is not None:
                 changes[name] = None if value is _NONE else value

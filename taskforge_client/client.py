@@ -54,13 +54,18 @@ class TaskForge(Http):
         max_concurrency: int | None = None,
         push: dict[str, Any] | None = None,
         paused: bool | None = None,
+        retry_policy: dict[str, Any] | None = None,
     ) -> Queue:
         """Create a queue (admin). Raises `Conflict` (`queue_exists`) when it exists.
 
+        `rate_limit`: tasks handed out per second (an integer here; a queue made over
+        the Cloud Tasks API may show a fraction, e.g. 0.5).
         `max_concurrency`: at most this many of its tasks executing at once,
         across all workers (None: unlimited).
         `push`: `{"url": ..., "timeout_seconds"?: 30, "headers"?: {...}}` to have
         TaskForge POST each task to that URL instead of workers claiming it.
+        `retry_policy`: the backoff between attempts, `{"min_backoff_seconds"?,
+        "max_backoff_seconds"?, "max_doublings"?, "max_retry_duration_seconds"?}`.
         """
         body: dict[str, Any] = {"name": name}
         if max_retries is not None:
@@ -73,6 +78,8 @@ class TaskForge(Http):
             body["push"] = push
         if paused is not None:
             body["paused"] = paused
+        if retry_policy is not None:
+            body["retry_policy"] = retry_policy
         return Queue.from_dict(self.request("POST", "/queues", body))
 
     def list_queues(self, *, limit: int | None = None) -> list[Queue]:
@@ -92,10 +99,12 @@ class TaskForge(Http):
         max_concurrency: int | None = _UNSET,
         push: dict[str, Any] | None = _UNSET,
         paused: bool | None = None,
+        retry_policy: dict[str, Any] | None = _UNSET,
     ) -> Queue:
         """Change a queue's settings (admin). `rate_limit=None` removes the limit,
         `max_concurrency=None` the cap (tasks running past a lowered cap go on),
-        `push=None` push delivery (a new `push` replaces the old one whole)."""
+        `push=None` push delivery (a new `push` replaces the old one whole),
+        `retry_policy=None` the queue's own backoff (the deployment's applies)."""
         body: dict[str, Any] = {}
         if max_retries is not None:
             body["max_retries"] = max_retries
@@ -107,6 +116,8 @@ class TaskForge(Http):
             body["push"] = push
         if paused is not None:
             body["paused"] = paused
+        if retry_policy is not _UNSET:
+            body["retry_policy"] = retry_policy
         return Queue.from_dict(self.request("PATCH", f"/queues/{_q(name)}", body))
 
     def delete_queue(self, name: str) -> None:

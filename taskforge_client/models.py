@@ -68,7 +68,7 @@ class Queue:
     id: str
     name: str
     max_retries: int
-    rate_limit: int | None
+    rate_limit: float | None
     paused: bool
     created_at: datetime | None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -76,6 +76,9 @@ class Queue:
     max_concurrency: int | None = None
     # None: workers claim the tasks; else {"url", "timeout_seconds", "headers"} (v1.1).
     push: dict[str, Any] | None = None
+    # None: the deployment's backoff; else {"min_backoff_seconds", "max_backoff_seconds",
+    # "max_doublings", "max_retry_duration_seconds"} (v1.2).
+    retry_policy: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Queue:
@@ -89,6 +92,7 @@ class Queue:
             raw=data,
             max_concurrency=data.get("max_concurrency"),
             push=data.get("push"),
+            retry_policy=data.get("retry_policy"),
         )
 
 

@@ -182,6 +182,10 @@ def test_client_round_trip(admin: TaskForge, producer: TaskForge, keys: Keys, se
     assert admin.update_queue(name, max_concurrency=None).max_concurrency is None
     capped = admin.create_queue(qname(), max_concurrency=7, rate_limit=5)
     assert (capped.max_concurrency, capped.rate_limit) == (7, 5)
+    slow = admin.create_queue(qname(), rate_limit=2, retry_policy={"max_backoff_seconds": 30})
+    assert slow.retry_policy is not None and slow.retry_policy["max_backoff_seconds"] == 30
+    assert admin.update_queue(slow.name, max_retries=2).retry_policy == slow.retry_policy
+    assert admin.update_queue(slow.name, retry_policy=None).retry_policy is None
     hook = {"url": "https://hooks.example.com/t", "headers": {"Authorization": "Bearer x"}}
     pushed = admin.create_queue(qname(), push=hook)
     assert pushed.push == {**hook, "timeout_seconds": 30}
@@ -359,6 +363,24 @@ def test_cli__queues(keys: Keys, service: Service, capsys: pytest.CaptureFixture
     assert json.loads(capsys.readouterr().err)["error"]["code"] == "queue_exists"
     assert cli_main([*base, "update", name, "--max-concurrency", "0"]) == 1
     assert json.loads(capsys.readouterr().err)["error"]["fields"].keys() == {"max_concurrency"}
+
+    # A retry policy (v1.2), set and removed.
+    policy = '{"min_backoff_seconds": 1, "max_backoff_seconds": 60, "max_doublings": 3}'
+    assert cli_main([*base, "update", name, "--retry-policy", policy]) == 0
+    changed = json.loads(capsys.readouterr().out)
+    assert changed["retry_policy"] == {
+        "min_backoff_seconds": 1,
+        "max_backoff_seconds": 60,
+        "max_doublings": 3,
+        "max_retry_duration_seconds": 0,
+    }
+    assert cli_main([*base, "update", name, "--retry-policy", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["retry_policy"] is None
+    assert cli_main([*base, "update", name, "--retry-policy", '{"max_doublings": 99}']) == 1
+    assert "retry_policy" in json.loads(capsys.readouterr().err)["error"]["fields"]
+    with pytest.raises(SystemExit):
+        cli_main([*base, "update", name, "--retry-policy", "[1]"])
+    assert "not a JSON object" in capsys.readouterr().err
 
 
 def test_cli__push_queues(keys: Keys, service: Service, capsys: pytest.CaptureFixture[str]) -> None:
