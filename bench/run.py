@@ -836,6 +836,75 @@ def load_push_target(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     asyncio.run(main())
 
 
+# Cloud Tasks (/v2) --------------------------------------------------------------------------
+
+CT_PARENT = "projects/bench/locations/here"
+
+
+def load_ct_create(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """CreateTask through Google's Python client (REST transport), `threads` clients each
+    creating tasks with an `httpRequest` as fast as they get answers (the queue is paused:
+    nothing is delivered)."""
+    _child_init()
+    from google.cloud import tasks_v2
+    from google.oauth2.credentials import Credentials
+
+    host, port = cfg["address"]
+    parent = f"{CT_PARENT}/queues/{cfg['queue']}"
+    clients = [
+        tasks_v2.CloudTasksClient(
+            transport="rest",
+            client_options={"api_endpoint": f"http://{host}:{port}"},
+            credentials=Credentials(token=cfg["key"]),
+        )
+        for _ in range(cfg["threads"])
+    ]
+    task = {"http_request": {"url": "http://127.0.0.1:9/t", "body": json.dumps(PAYLOAD).encode()}}
+    clients[0].get_queue(name=parent)  # connected before the clock starts
+    counts = [0.0] * cfg["threads"]
+    failures = [0] * cfg["threads"]
+    t_start, t_end = _wait_go(shared)
+
+    def run(i: int) -> None:
+        client = clients[i]
+        clock = time.monotonic
+        while True:
+            sent = clock()
+            if sent >= t_end:
+                return
+            try:
+                client.create_task(parent=parent, task=task)
+            except Exception:
+                failures[i] += 1
+                continue
+            counts[i] += _share(1, sent, clock(), t_start, t_end)
+
+    threads = _threads(cfg["threads"], run)
+    cpu = _cpu_in_window(t_start, t_end)
+    for thread in threads:
+        thread.join()
+    out.send(
+        {
+            "tasks": sum(counts),
+            "failures": sum(failures),
+            "window_s": t_end - t_start,
+            "client_cpu_s": cpu,
+        }
+    )
+
+
+def load_resume(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """Resume a paused queue the moment the run starts (`path`: its resume request), so a
+    backlog made beforehand drains through the measured window."""
+    _child_init()
+    client = Client(tuple(cfg["address"]), cfg["key"])
+    client.conn.connect()
+    _wait_go(shared)
+    status, body = client.post(cfg["path"], b"{}")
+    out.send({"failures": int(status != 200), "answer": body[:200].decode(errors="replace")})
+    client.close()
+
+
 def _rss_mb(pids: list[int]) -> float:
     """Resident memory of these processes together, in MB (from /proc)."""
     total = 0
@@ -1792,6 +1861,139 @@ class Bench:
             }
         return results
 
+    def phase_cloudtasks(self, runs: int) -> dict[str, Any]:
+        """The Cloud Tasks API beside the native one, in turn within each run:
+
+        - CreateTask through Google's Python client from `--clients-ct` threads against the
+          native single enqueue from as many connections (`ct_create`, `ct_native_single`);
+        - delivery of a backlog of /v2 tasks (each with its `httpRequest`) by one run_pusher
+          to a target answering at once, against a native push queue's backlog
+          (`ct_push`, `ct_native_push`): each queue is filled while paused and resumed as
+          the run starts.
+        """
+        args = self.args
+        threads = args.clients_ct
+        per: dict[str, list[dict[str, Any]]] = {
+            k: [] for k in ("ct_create", "ct_native_single", "ct_push", "ct_native_push")
+        }
+        for run in range(runs):
+            # CreateTask, then the native single enqueue.
+            name = f"bench-ct-{uuid.uuid4().hex[:6]}"
+            self.api("POST", f"/v2/{CT_PARENT}/queues", {"name": f"{CT_PARENT}/queues/{name}"})
+            self.api("POST", f"/v2/{CT_PARENT}/queues/{name}:pause", {})
+            self.queues[name] = self.api("GET", f"/queues/{name}")["id"]
+            self._queue_ids.append(self.queues[name])
+            cfg = {"queue": name, "threads": threads}
+            [created], cores, _ = self.run_load(
+                [(load_ct_create, cfg)], warmup=args.warmup, window=args.window
+            )
+            per["ct_create"].append(self._rate_of(created, cores))
+            self.settle()
+            native = self.new_queue("ct-native")
+            cfg = {"queue": native, "batch": 0, "threads": threads}
+            [single], cores, _ = self.run_load(
+                [(load_enqueue, cfg)], warmup=args.warmup, window=args.window
+            )
+            per["ct_native_single"].append(self._rate_of(single, cores))
+            self.retire_queue(native)
+            self.settle()
+            # Delivery: the same backlog size for both, drained by one pusher.
+            for label in ("ct_push", "ct_native_push"):
+                port = free_port()
+                url = f"http://127.0.0.1:{port}/t"
+                if label == "ct_push":
+                    queue = f"bench-ctpush-{uuid.uuid4().hex[:6]}"
+                    base = f"/v2/{CT_PARENT}/queues"
+                    self.api("POST", base, {"name": f"{CT_PARENT}/queues/{queue}"})
+                    self.api("POST", f"{base}/{queue}:pause", {})
+                    self.queues[queue] = self.api("GET", f"/queues/{queue}")["id"]
+                    self._queue_ids.append(self.queues[queue])
+                    self._fill_v2(queue, url, args.ct_backlog)
+                    resume = f"{base}/{queue}:resume"
+                else:
+                    queue = self.new_queue("ct-native-push", push={"url": url}, paused=True)
+                    for _ in range(args.ct_backlog // 1000):
+                        tasks = [{"payload": PAYLOAD}] * 1000
+                        self.api("POST", f"/queues/{queue}/tasks/batch", {"tasks": tasks})
+                    resume = f"/queues/{queue}/resume"
+                (target, resumed), cores, shared = self.run_load(
+                    [
+                        (load_push_target, {"port": port, "delay_s": 0.0}),
+                        (load_resume, {"path": resume}),
+                    ],
+                    warmup=args.e2e_warmup,
+                    window=args.window,
+                )
+                window = shared.t_end.value - shared.t_start.value
+                rate = target["delivered_in_window"] / window
+                if target["delivered_in_window"] and target["delivered"] >= args.ct_backlog:
+                    log(f"{label}: the backlog ran out within the window; raise --ct-backlog")
+                result = {
+                    "rate": rate,
+                    "failures": resumed["failures"],
+                    "cores": finish_cores(cores, target["client_cpu_s"], window),
+                }
+                result["cpu_ms_per_task"] = cpu_ms_per_task(result["cores"], rate)
+                per[label].append(result)
+                self.retire_queue(queue)
+                self.settle()
+            log(
+                "cloudtasks run {}/{}: CreateTask {:.0f}/s vs native single {:.0f}/s; "
+                "/v2 delivery {:.0f}/s vs native push {:.0f}/s".format(
+                    run + 1, runs, *(per[k][-1]["rate"] for k in per)
+                )
+            )
+        results: dict[str, Any] = {}
+        for label, values in per.items():
+            results[label] = {
+                "unit": "tasks/s",
+                **summary([r["rate"] for r in values]),
+                "cores": median_dict([r["cores"] for r in values]),
+                "cpu_ms_per_task": median_dict([r["cpu_ms_per_task"] for r in values]),
+                "failures": sum(r["failures"] for r in values),
+                "runs": values,
+            }
+        # Each run's two figures were measured one after the other: the ratio of medians
+        # and each run's own ratio.
+        for mine, native, key in (
+            ("ct_create", "ct_native_single", "ct_create_vs_native"),
+            ("ct_push", "ct_native_push", "ct_push_vs_native"),
+        ):
+            ratios = [
+                a["rate"] / b["rate"]
+                for a, b in zip(per[mine], per[native], strict=True)
+                if b["rate"]
+            ]
+            results[mine][key] = summary(ratios)
+        return results
+
+    def _rate_of(self, result: dict[str, Any], cores: dict[str, float]) -> dict[str, Any]:
+        result["rate"] = result["tasks"] / result["window_s"]
+        result["cores"] = finish_cores(cores, result["client_cpu_s"], result["window_s"])
+        result["cpu_ms_per_task"] = cpu_ms_per_task(result["cores"], result["rate"])
+        return result
+
+    def _fill_v2(self, queue: str, url: str, count: int) -> None:
+        """`count` /v2 tasks with an httpRequest to `url`, created from 8 connections."""
+        path = f"/v2/{CT_PARENT}/queues/{queue}/tasks"
+        body = json.dumps({"task": {"httpRequest": {"url": url}}}).encode()
+
+        def fill(i: int) -> None:
+            client = Client(self.address, self.key)
+            try:
+                for _ in range(i, count, 8):
+                    status, answer = client.post(path, body)
+                    if status != 200:
+                        raise BenchError(f"CreateTask answered {status}: {answer[:200]!r}")
+            finally:
+                client.close()
+
+        workers = [threading.Thread(target=fill, args=(i,)) for i in range(8)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+
     def phase_scheduled(self, runs: int) -> dict[str, Any]:
         """Delayed tasks: hand-out time minus `scheduled_at` with an idle long-polling worker."""
         args = self.args
@@ -2022,6 +2224,25 @@ def table(report: dict[str, Any]) -> str:
             rows.append(
                 (f"  most requests in flight ({name})", f"{e['most_in_flight']}", "", "", "")
             )
+    for name, what, ratio in (
+        ("ct_create", "CreateTask, Python client (/v2)", "ct_create_vs_native"),
+        ("ct_native_single", "  native single enqueue, as many threads", None),
+        ("ct_push", "/v2 delivery, 1 pusher, target at once", "ct_push_vs_native"),
+        ("ct_native_push", "  native push, same backlog", None),
+    ):
+        if name in res:
+            row(what, res[name], "tasks/s")
+            if ratio and ratio in res[name]:
+                r = res[name][ratio]
+                rows.append(
+                    (
+                        "  ratio to native (run by run)",
+                        f"{r['median']:.2f}x",
+                        f"{r['min']:.2f} .. {r['max']:.2f}",
+                        ">= 0.8x",
+                        "yes" if r["median"] >= 0.8 else "NO",
+                    )
+                )
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -2043,7 +2264,7 @@ def table(report: dict[str, Any]) -> str:
         f"{report['environment'].get('cpus')} cores = the whole machine):"
     )
     phases = ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "sdk", "latency")
-    for name in (*phases, "scheduled", "capped", "push_fast", "push_slow"):
+    for name in (*phases, "scheduled", "capped", "push_fast", "push_slow", "ct_create", "ct_push"):
         if name in res:
             cores = res[name]["cores"]
             ranked = sorted(cores.items(), key=lambda item: -item[1])
@@ -2062,6 +2283,10 @@ def table(report: dict[str, Any]) -> str:
         "sdk",
         "push_fast",
         "push_slow",
+        "ct_create",
+        "ct_native_single",
+        "ct_push",
+        "ct_native_push",
     ):
         per = res.get(name, {}).get("cpu_ms_per_task")
         if per:
@@ -2117,10 +2342,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
     p.add_argument(
         "--only",
-        default="enqueue,e2e,sdk,celery,latency,scheduled,capped,push,fleet",
+        default="enqueue,e2e,sdk,celery,latency,scheduled,capped,push,cloudtasks,fleet",
         help=(
             "comma-separated phases: enqueue, e2e, sdk, celery, latency, scheduled, capped, "
-            "push, fleet "
+            "push, cloudtasks, fleet "
             "(default all)"
         ),
     )
@@ -2139,6 +2364,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sdk-producers", type=int, default=8, help="SDK producer threads")
     p.add_argument("--sdk-workers", type=int, default=2, help="SDK Worker processes")
     p.add_argument("--sdk-concurrency", type=int, default=8, help="each SDK Worker's")
+    p.add_argument("--clients-ct", type=int, default=8, help="CreateTask threads (cloudtasks)")
+    p.add_argument("--ct-backlog", type=int, default=8000, help="tasks per delivery run")
     p.add_argument("--fleet", type=int, default=1000, help="idle long-polling workers")
     p.add_argument("--latency-samples", type=int, default=200)
     p.add_argument("--latency-gap", type=float, default=0.02, help="idle seconds before each")
@@ -2164,7 +2391,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
-    known = {"enqueue", "e2e", "sdk", "celery", "latency", "scheduled", "capped", "push", "fleet"}
+    known = {
+        *("enqueue", "e2e", "sdk", "celery", "latency", "scheduled", "capped", "push"),
+        *("cloudtasks", "fleet"),
+    }
     unknown = args.phases - known
     if unknown:
         p.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
@@ -2205,6 +2435,8 @@ def run_phases(bench: Bench, args: argparse.Namespace, profile: bool) -> dict[st
         results["capped"] = bench.phase_capped(args.runs)
     if "push" in args.phases:
         results.update(bench.phase_push(args.runs))
+    if "cloudtasks" in args.phases:
+        results.update(bench.phase_cloudtasks(args.runs))
     if "fleet" in args.phases:
         results["fleet"] = bench.phase_fleet()
     return results
