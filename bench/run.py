@@ -1889,7 +1889,7 @@ class Bench:
             )
             per["ct_create"].append(self._rate_of(created, cores))
             self.settle()
-            native = self.new_queue("ct-native")
+            native = self.new_queue("ct-native", paused=True)  # paused as the /v2 one is
             cfg = {"queue": native, "batch": 0, "threads": threads}
             [single], cores, _ = self.run_load(
                 [(load_enqueue, cfg)], warmup=args.warmup, window=args.window
