@@ -328,7 +328,10 @@ def test_rate_and_concurrency__observed_at_the_target(fleet: Service, keys: dict
         paced = sorted(r.at for r in fast.requests)
         for i, start in enumerate(paced):
             for j in range(i + 1, len(paced)):
-                # Arrivals are measured at the target: a little slack for the network.
-                assert j - i + 1 <= 2 * (paced[j] - start + 0.1) + 2, paced
+                # Arrivals are measured at the target, after the pusher's request went
+                # out: half a second of slack for a loaded machine delaying some requests
+                # (3 arrivals within 0.39 s were seen, the first two late). Without the
+                # rate, all 8 arrive at once; the span below checks the pace.
+                assert j - i + 1 <= 2 * (paced[j] - start + 0.5) + 2, paced
         assert paced[-1] - paced[0] >= 2.5  # 8 tasks at 2/s after a burst of 2
         assert 1 <= slow.max_concurrent <= 2
