@@ -55,8 +55,9 @@ $(STAMP): uv.lock $(REQUIREMENTS)/dev.txt
 	$(call install_locked,$(REQUIREMENTS)/dev.txt)
 	@touch $@
 
-# Migrate, create an admin API key the first time (.taskforge/admin_api_key), then run the
-# Procfile under honcho. Honcho answers Ctrl-C with exit code 130: that is a normal stop.
+# Migrate, create an admin API key and a dashboard login (user admin) the first time
+# (.taskforge/admin_api_key, .taskforge/dashboard_password), print them with the API's and
+# the dashboard's addresses, then run the Procfile under honcho. Honcho answers Ctrl-C with exit code 130: that is a normal stop.
 # /metrics sums the counters of every process (taskforge/metrics.py: no setting needed).
 run: $(STAMP)
 	$(DEVSERVICES) run --data $(DATA) --setup -- honcho start || [ $$? -eq 130 ]

@@ -167,6 +167,18 @@ def test_alert_rules__each_is_tested_firing_and_not_firing() -> None:
     } <= names
 
 
+def test_docs__name_every_alert_and_link_the_kit() -> None:
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    section = operations.split("## Metrics and alerts", 1)[1].split("\n## ", 1)[0]
+    readme = (ROOT / "README.md").read_text()
+
+    for rule in rules():
+        assert f"`{rule['alert']}`" in section, rule["alert"]
+    for path in ("deploy/prometheus/alerts.yml", "deploy/grafana/taskforge.json"):
+        assert f"(../{path})" in section and f"({path})" in readme
+    assert f"job_name: {JOB}" in section
+
+
 # --- the dashboard, as Grafana imports it ------------------------------------------
 
 
