@@ -39,6 +39,7 @@ import contextlib
 import fcntl
 import hashlib
 import logging
+import operator
 import os
 import re
 import socket
@@ -264,12 +265,15 @@ def _observe_durations(lines: Sequence[Mapping[str, Any]]) -> None:
         internals.observe_many(_duration[queue], seconds)
 
 
+_queue_of = operator.itemgetter("queue")
+
+
 def _inc_by_queue(children: _Children, lines: Sequence[Mapping[str, Any]]) -> None:
     # One write per queue, not per task: a batch enqueue has up to 1000 lines.
     if len(lines) == 1:
         children[lines[0]["queue"]].inc()
         return
-    for queue, count in collections.Counter(line["queue"] for line in lines).items():
+    for queue, count in collections.Counter(map(_queue_of, lines)).items():
         children[queue].inc(count)
 
 
