@@ -17,6 +17,7 @@ REQUIREMENTS := requirements
 PIP_INSTALL := $(VENV)/bin/python -m pip install --disable-pip-version-check -q
 BROWSER_STAMP := $(VENV)/.browser
 PGBOUNCER_STAMP := $(VENV)/.pgbouncer
+PROMETHEUS_STAMP := $(VENV)/.prometheus
 DATA := .taskforge
 DEVSERVICES := $(BIN)/python -m devservices
 
@@ -54,8 +55,9 @@ $(STAMP): uv.lock $(REQUIREMENTS)/dev.txt
 	$(call install_locked,$(REQUIREMENTS)/dev.txt)
 	@touch $@
 
-# Migrate, create an admin API key the first time (.taskforge/admin_api_key), then run the
-# Procfile under honcho. Honcho answers Ctrl-C with exit code 130: that is a normal stop.
+# Migrate, create an admin API key and a dashboard login (user admin) the first time
+# (.taskforge/admin_api_key, .taskforge/dashboard_password), print them with the API's and
+# the dashboard's addresses, then run the Procfile under honcho. Honcho answers Ctrl-C with exit code 130: that is a normal stop.
 # /metrics sums the counters of every process (taskforge/metrics.py: no setting needed).
 run: $(STAMP)
 	$(DEVSERVICES) run --data $(DATA) --setup -- honcho start || [ $$? -eq 130 ]
@@ -84,6 +86,19 @@ $(PGBOUNCER_STAMP): | $(STAMP)
 	else echo "no pgbouncer (apt-get install pgbouncer): the pgbouncer tests will be skipped"; fi
 	@touch $@
 
+# tests/test_monitoring.py checks deploy/'s alert rules with Debian's promtool and has a
+# real Prometheus scrape the service.  Install it when we can (root with apt-get; about 15 s,
+# without the node exporter it recommends); otherwise those tests skip and say why.
+$(PROMETHEUS_STAMP): | $(STAMP)
+	@if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "Installing Debian's prometheus for the alert rules' and dashboard's tests"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends prometheus >/dev/null; } \
+	  || echo "prometheus could not be installed: the monitoring tests will be skipped"; \
+	else echo "no prometheus (apt-get install prometheus): the monitoring tests will be skipped"; fi
+	@touch $@
+
 # pytest's exit code 5 means "no tests collected": an error when ARGS selected nothing,
 # accepted for the whole suite (a project with no tests yet is not a failing project).
 #
@@ -91,7 +106,7 @@ $(PGBOUNCER_STAMP): | $(STAMP)
 # time: most tests wait on servers they started, not on the CPU.  Each process has its own
 # test database and Redis db (tests/workers.py).  TEST_PROCESSES=0 runs it in one process.
 TEST_PROCESSES ?= 3
-test: $(STAMP) $(BROWSER_STAMP) $(PGBOUNCER_STAMP)
+test: $(STAMP) $(BROWSER_STAMP) $(PGBOUNCER_STAMP) $(PROMETHEUS_STAMP)
 	@echo "+ pytest -n $(TEST_PROCESSES) $(ARGS)"
 	@$(DEVSERVICES) run --throwaway -- python -m pytest -n $(TEST_PROCESSES) --dist loadfile $(ARGS) \
 	  $(if $(strip $(ARGS)),,|| { rc=$$?; [ $$rc -eq 5 ] && echo "pytest: no tests collected" && exit 0; exit $$rc; })

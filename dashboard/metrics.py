@@ -1,9 +1,10 @@
 """GET /metrics: Prometheus exposition (API.md, "Operations").
 
 The counters and histograms come from `taskforge.metrics` (every process's,
-in multiprocess mode); the gauges (queue depth, running tasks against the
-queue's cap, DLQ depth, worker heartbeat age) are read from Postgres at scrape
-time, here, where every app may be read.
+in multiprocess mode); the gauges (queue depth, the oldest due task's age,
+pause, running tasks against the queue's cap, DLQ depth, each worker's
+heartbeat age and state) are read from Postgres at scrape time, here, where
+every app may be read.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from django.db import DatabaseError, connection, transaction
 from django.http import HttpRequest, HttpResponse
@@ -37,8 +39,22 @@ DEPTH_STATUSES = ("pending", "scheduled", "claimed", "executing", "retry")
 SCRAPE_STATEMENT_TIMEOUT_MS = 5000
 
 
+@dataclass
+class _Readings:
+    """What one scrape read from Postgres."""
+
+    depth: dict[str, dict[str, int]]
+    dlq: dict[str, int]
+    oldest_pending: dict[str, float]
+    paused: dict[str, bool]
+    caps: dict[str, int]
+    # (worker id, seconds since seen, Worker.state)
+    workers: list[tuple[str, float, str]]
+
+
 class DatabaseGauges:
-    """Queue depth, running tasks and caps, DLQ depth and worker heartbeat age, from Postgres.
+    """Queue depth, oldest due task, pause, running tasks and caps, DLQ depth, and each
+    worker's heartbeat age and state, from Postgres.
 
     `tasks.stats.queues_stats` for every queue (grouped counts over the live
     statuses only, never the done and cancelled history) and the workers
@@ -50,7 +66,7 @@ class DatabaseGauges:
 
     def collect(self) -> Iterator[Metric]:
         try:
-            depth, dlq, ages, caps = self._read()
+            read = self._read()
         except DatabaseError as exc:
             logger.warning("metrics.gauges_unavailable", extra={"error": repr(exc)})
             return
@@ -59,27 +75,40 @@ class DatabaseGauges:
             "Tasks by queue and live status (pending: due; scheduled: pending, not yet due).",
             labels=["queue", "status"],
         )
-        for queue, counts in depth.items():
+        for queue, counts in read.depth.items():
             for status in DEPTH_STATUSES:
                 queue_depth.add_metric([queue, status], counts[status])
+        oldest = GaugeMetricFamily(
+            "taskforge_queue_oldest_pending_age_seconds",
+            "How late the oldest due task not yet handed out is, by queue (0: none); "
+            "GET /queues/:name/stats' oldest_pending_age_seconds.",
+            labels=["queue"],
+        )
+        for queue, age in read.oldest_pending.items():
+            oldest.add_metric([queue], age)
+        paused = GaugeMetricFamily(
+            "taskforge_queue_paused", "1 while the queue is paused, else 0.", labels=["queue"]
+        )
+        for queue, is_paused in read.paused.items():
+            paused.add_metric([queue], 1 if is_paused else 0)
         running = GaugeMetricFamily(
             "taskforge_queue_running",
             "Tasks executing now, by queue (compare taskforge_queue_max_concurrency).",
             labels=["queue"],
         )
-        for queue, counts in depth.items():
+        for queue, counts in read.depth.items():
             running.add_metric([queue], counts["executing"])
         cap = GaugeMetricFamily(
             "taskforge_queue_max_concurrency",
             "The queue's max_concurrency; only queues that have one.",
             labels=["queue"],
         )
-        for queue, value in caps.items():
+        for queue, value in read.caps.items():
             cap.add_metric([queue], value)
         dlq_depth = GaugeMetricFamily(
             "taskforge_dlq_depth", "Dead tasks (the dead-letter queue) by queue.", labels=["queue"]
         )
-        for queue, count in dlq.items():
+        for queue, count in read.dlq.items():
             dlq_depth.add_metric([queue], count)
         heartbeat_age = GaugeMetricFamily(
             "taskforge_worker_heartbeat_age_seconds",
@@ -87,14 +116,20 @@ class DatabaseGauges:
             "TASKFORGE_WORKER_FORGET_SECONDS).",
             labels=["worker_id"],
         )
-        for worker_id, age in ages:
+        state = GaugeMetricFamily(
+            "taskforge_worker_state",
+            "1 for each worker's state, as the dashboard shows it: active (seen within the "
+            "heartbeat timeout), left (quiet, holding no task) or stale (quiet while holding "
+            "tasks, or after the watchdog reclaimed some).",
+            labels=["worker_id", "state"],
+        )
+        for worker_id, age, worker_state in read.workers:
             heartbeat_age.add_metric([worker_id], age)
-        yield from (queue_depth, running, cap, dlq_depth, heartbeat_age)
+            state.add_metric([worker_id, worker_state], 1)
+        yield from (queue_depth, oldest, paused, running, cap, dlq_depth, heartbeat_age, state)
 
     @staticmethod
-    def _read() -> tuple[
-        dict[str, dict[str, int]], dict[str, int], list[tuple[str, float]], dict[str, int]
-    ]:
+    def _read() -> _Readings:
         now = timezone.now()
         with transaction.atomic():
             with connection.cursor() as cursor:
@@ -102,16 +137,24 @@ class DatabaseGauges:
             queues = list(Queue.objects.order_by("name"))
             # The same counts as GET /queues/:name/stats, for every queue at once.
             stats = queues_stats(queues, now)
-            seen = list(
-                Worker.objects.remembered(now)
-                .order_by("worker_id")
-                .values_list("worker_id", "last_seen_at")
-            )
-        depth = {queue.name: stats[queue.id]["depth"] for queue in queues}
-        dlq = {queue.name: stats[queue.id]["dlq_depth"] for queue in queues}
-        ages = [(worker_id, max((now - at).total_seconds(), 0.0)) for worker_id, at in seen]
-        caps = {q.name: q.max_concurrency for q in queues if q.max_concurrency is not None}
-        return depth, dlq, ages, caps
+            seen = list(Worker.objects.remembered(now).with_holding().order_by("worker_id"))
+        return _Readings(
+            depth={queue.name: stats[queue.id]["depth"] for queue in queues},
+            dlq={queue.name: stats[queue.id]["dlq_depth"] for queue in queues},
+            oldest_pending={
+                queue.name: stats[queue.id]["oldest_pending_age_seconds"] or 0.0 for queue in queues
+            },
+            paused={queue.name: queue.paused for queue in queues},
+            caps={q.name: q.max_concurrency for q in queues if q.max_concurrency is not None},
+            workers=[
+                (
+                    worker.worker_id,
+                    max((now - worker.last_seen_at).total_seconds(), 0.0),
+                    worker.state(now, holding=getattr(worker, "holding")),  # noqa: B009
+                )
+                for worker in seen
+            ],
+        )
 
 
 class _Scrape:

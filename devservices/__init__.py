@@ -17,8 +17,10 @@ Postgres; ``REDIS_URL`` unset: Redis), exports their URLs, runs CMD as a child, 
 SIGTERM and SIGHUP to it, waits for it, stops the servers and exits with CMD's exit code. With both
 URLs already set it starts nothing and execs CMD. ``--data DIR`` (default ``.taskforge``) keeps the
 data between runs; ``--throwaway`` uses a fresh temporary directory that is deleted afterwards.
-``--setup`` runs ``manage.py migrate`` before CMD and, the first time, creates an admin API key that
-it saves in ``DIR/admin_api_key``.
+``--setup`` runs ``manage.py migrate`` before CMD and, with the embedded Postgres of a kept data
+directory, creates the first time an admin API key that it saves in ``DIR/admin_api_key`` and a
+staff login for the dashboard (superuser ``admin``, a random password saved in
+``DIR/dashboard_password``), and prints the API's and the dashboard's addresses with both.
 
 For local use ``run`` also exports ``SECRET_KEY`` (kept in ``DIR/secret_key``; random for
 ``--throwaway``) and ``ALLOWED_HOSTS=localhost,127.0.0.1,[::1]`` when they are unset. ``DEBUG`` is

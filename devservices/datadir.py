@@ -25,6 +25,7 @@ LOCK_FILE = "devservices.lock"
 STATE_FILE = "services.env"
 SECRET_KEY_FILE = "secret_key"  # nosec B105
 ADMIN_KEY_FILE = "admin_api_key"
+DASHBOARD_PASSWORD_FILE = "dashboard_password"  # nosec B105
 
 
 class Layout:
@@ -40,6 +41,7 @@ class Layout:
         self.state = root / STATE_FILE
         self.secret_key = root / SECRET_KEY_FILE
         self.admin_key = root / ADMIN_KEY_FILE
+        self.dashboard_password = root / DASHBOARD_PASSWORD_FILE
 
 
 @contextlib.contextmanager

@@ -39,6 +39,7 @@ import contextlib
 import fcntl
 import hashlib
 import logging
+import operator
 import os
 import re
 import socket
@@ -163,6 +164,11 @@ TASKS_COMPLETED = Counter(
     "Tasks that finished as done (acked) or dead (out of attempts), by queue.",
     ["queue", "status"],
 )
+TASKS_DISPATCHED = Counter(
+    "taskforge_tasks_dispatched_total",
+    "Attempts handed out (to a worker's claim or a push process), by queue.",
+    ["queue"],
+)
 EXECUTION_DURATION = Histogram(
     "taskforge_task_execution_duration_seconds",
     "Time from claim to ack of acked attempts, by queue.",
@@ -213,6 +219,7 @@ class _Children(dict[str, Any]):
 
 
 _enqueued = _Children(TASKS_ENQUEUED)
+_dispatched = _Children(TASKS_DISPATCHED)
 _done = _Children(TASKS_COMPLETED, status="done")
 _dead = _Children(TASKS_COMPLETED, status="dead")
 _duration = _Children(EXECUTION_DURATION)
@@ -222,10 +229,11 @@ def on_transitions(event: str, lines: Sequence[Mapping[str, Any]]) -> None:
     """Count the transitions of one committed call of `tasks.transitions`.
 
     `lines` are its log lines (API.md fields), all with the same `to_status`:
-    a creation (`task.created`, from null) counts as enqueued, a move to done
-    (`task.acked`) as completed/done with its `duration_ms` (claim to ack) in
-    the histogram, a move to dead (`task.dead_lettered`) as completed/dead.
-    Every other move (the hand-out hot path among them) costs two lookups.
+    a creation (`task.created`, from null) counts as enqueued, a hand-out (to
+    executing) as dispatched, a move to done (`task.acked`) as completed/done
+    with its `duration_ms` (claim to ack) in the histogram, a move to dead
+    (`task.dead_lettered`) as completed/dead.  Every other move costs two
+    lookups.
 
     Runs in an on-commit callback: it logs instead of raising, since an error
     here would turn a committed ack into a failed request.
@@ -237,6 +245,8 @@ def on_transitions(event: str, lines: Sequence[Mapping[str, Any]]) -> None:
     try:
         if first["from_status"] is None:
             _inc_by_queue(_enqueued, lines)
+        elif to_status == "executing":
+            _inc_by_queue(_dispatched, lines)
         elif to_status == "done":
             _inc_by_queue(_done, lines)
             _observe_durations(lines)
@@ -255,12 +265,15 @@ def _observe_durations(lines: Sequence[Mapping[str, Any]]) -> None:
         internals.observe_many(_duration[queue], seconds)
 
 
+_queue_of = operator.itemgetter("queue")
+
+
 def _inc_by_queue(children: _Children, lines: Sequence[Mapping[str, Any]]) -> None:
     # One write per queue, not per task: a batch enqueue has up to 1000 lines.
     if len(lines) == 1:
         children[lines[0]["queue"]].inc()
         return
-    for queue, count in collections.Counter(line["queue"] for line in lines).items():
+    for queue, count in collections.Counter(map(_queue_of, lines)).items():
         children[queue].inc(count)
 
 

@@ -10,7 +10,8 @@ for each loop's `loop.started` line, keeps each process's stderr in a file
 everything in `stop()` (SIGTERM, then SIGKILL after a grace period).
 
 `Api` is the other side: a plain HTTP client, the same thing a worker written
-against API.md alone would use (no TaskForge imports).
+against API.md alone would use (no TaskForge imports); `Browser` signs in to the
+dashboard the way a browser posts the admin's login form.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -341,6 +343,47 @@ class Api:
         status, parsed = self.call(method, path, body, timeout=timeout)
         assert 200 <= status < 300, f"{method} {path} -> {status}: {parsed}"
         return parsed
+
+
+class Browser:
+    """The admin's login form, posted the way a browser posts it (CSRF cookie and field)."""
+
+    def __init__(self, base_url: str) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 80
+        self.cookies: dict[str, str] = {}
+
+    def request(
+        self, method: str, path: str, form: dict[str, str] | None = None
+    ) -> tuple[int, str]:
+        headers = {"Connection": "close"}
+        if self.cookies:
+            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        body = None
+        if form is not None:
+            body = urllib.parse.urlencode(form)
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            response = conn.getresponse()
+            text = response.read().decode()
+            for value in response.headers.get_all("Set-Cookie") or []:
+                name, _, rest = value.partition("=")
+                self.cookies[name] = rest.split(";", 1)[0]
+        finally:
+            conn.close()
+        return response.status, text
+
+    def sign_in(self, username: str, password: str) -> tuple[int, str]:
+        """The answer to the form's POST: 302 to /admin/ when the sign-in worked."""
+        status, page = self.request("GET", "/admin/login/")
+        assert status == 200
+        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert match
+        form = {"csrfmiddlewaretoken": match[1], "username": username, "password": password}
+        return self.request("POST", "/admin/login/?next=/admin/", {**form, "next": "/admin/"})
 
 
 def children(parent: int, count: int) -> list[int]:

@@ -50,7 +50,7 @@ def setting_names() -> set[str]:
     names |= set(re.findall(r"^\s*([A-Z_][A-Z0-9_]*)=", env_block.group(1), re.M))
     for path in (ROOT / "taskforge" / "api" / "server.py", ROOT / "taskforge" / "metrics.py"):
         names |= set(
-            re.findall(r"os\.environ(?:\.get\(|\[)\s*\"([A-Z_][A-Z0-9_]*)\"", path.read_text())
+            re.findall(r"\benviron(?:\.get\(|\[)\s*\"([A-Z_][A-Z0-9_]*)\"", path.read_text())
         )
     # FileAwareEnv reads NAME_FILE for any NAME (used for secrets).
     names |= {f"{name}_FILE" for name in list(names)}

@@ -131,6 +131,7 @@ def test_metrics__enqueue_3_ack_2_dead_1(
 
     q = queue.name
     assert value(samples, "taskforge_tasks_enqueued_total", queue=q) == 3
+    assert value(samples, "taskforge_tasks_dispatched_total", queue=q) == 3
     assert value(samples, "taskforge_tasks_completed_total", queue=q, status="done") == 2
     assert value(samples, "taskforge_tasks_completed_total", queue=q, status="dead") == 1
     assert value(samples, "taskforge_task_execution_duration_seconds_count", queue=q) == 2
@@ -233,6 +234,53 @@ def test_metrics__heartbeat_age_of_workers_seen_in_the_last_hour() -> None:
     age = value(samples, "taskforge_worker_heartbeat_age_seconds", worker_id="w-recent")
     assert age is not None and 10 <= age < 20
     assert value(samples, "taskforge_worker_heartbeat_age_seconds", worker_id="w-gone") is None
+
+
+@pytest.mark.django_db
+def test_metrics__oldest_due_task_and_pause_by_queue() -> None:
+    """The age of the oldest due task not yet handed out (pending or buffered), as
+    GET /queues/:name/stats says it; 0 for a queue with none."""
+    now = timezone.now()
+    late = QueueFactory(name=unique("late"))
+    idle = QueueFactory(name=unique("idle"), paused=True)
+    TaskFactory(queue=late, scheduled_at=now - timedelta(minutes=10))
+    TaskFactory(queue=late, status=S.CLAIMED, scheduled_at=now - timedelta(minutes=20))
+    TaskFactory(queue=late, status=S.EXECUTING, scheduled_at=now - timedelta(hours=2))
+    TaskFactory(queue=idle, scheduled_at=now + timedelta(hours=1))  # not due
+
+    samples = scrape(Client())
+
+    oldest = value(samples, "taskforge_queue_oldest_pending_age_seconds", queue=late.name)
+    assert oldest is not None and 1200 <= oldest < 1260
+    assert value(samples, "taskforge_queue_oldest_pending_age_seconds", queue=idle.name) == 0
+    assert value(samples, "taskforge_queue_paused", queue=late.name) == 0
+    assert value(samples, "taskforge_queue_paused", queue=idle.name) == 1
+
+
+@pytest.mark.django_db
+def test_metrics__worker_state_as_the_dashboard_shows_it() -> None:
+    """active, left (quiet, holding nothing) or stale (quiet while holding a task, or
+    after the watchdog reclaimed one): one series of value 1 per worker."""
+    now = timezone.now()
+    quiet = now - timedelta(minutes=5)
+    for worker_id, seen in (("w-busy", now), ("w-left", quiet), ("w-hung", quiet)):
+        Worker.objects.create(worker_id=worker_id, last_seen_at=seen)
+    Worker.objects.create(worker_id="w-lost", last_seen_at=quiet, lost_tasks_at=now)
+    TaskFactory(status=S.EXECUTING, worker_id="w-hung")
+
+    samples = scrape(Client())
+
+    states = {
+        dict(labels)["worker_id"]: dict(labels)["state"]
+        for (name, labels), v in samples.items()
+        if name == "taskforge_worker_state" and v == 1
+    }
+    assert {w: s for w, s in states.items() if w.startswith("w-")} == {
+        "w-busy": "active",
+        "w-left": "left",
+        "w-hung": "stale",
+        "w-lost": "stale",
+    }
 
 
 def test_metrics__counters_still_scrape_when_postgres_fails(

@@ -4,9 +4,6 @@ login form as a browser posts it, and the API beside it, from the same address.
 
 from __future__ import annotations
 
-import http.client
-import re
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +15,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 
 from taskforge.api.models import ApiKey
-from tests.service import API, Api, Service, database_url
+from tests.service import API, Api, Browser, Service, database_url
 
 pytestmark = pytest.mark.postgres
 
@@ -43,53 +40,15 @@ def server(tmp_path: Path, transactional_db: None, redis_client: redis.Redis) ->
         svc.stop()
 
 
-class Browser:
-    """The admin's login form, posted the way a browser posts it (CSRF cookie and field)."""
-
-    def __init__(self, service: Service) -> None:
-        self.port = service.port
-        self.cookies: dict[str, str] = {}
-
-    def request(
-        self, method: str, path: str, form: dict[str, str] | None = None
-    ) -> tuple[int, str]:
-        headers = {"Connection": "close"}
-        if self.cookies:
-            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
-        body = None
-        if form is not None:
-            body = urllib.parse.urlencode(form)
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request(method, path, body=body, headers=headers)
-            response = conn.getresponse()
-            text = response.read().decode()
-            for value in response.headers.get_all("Set-Cookie") or []:
-                name, _, rest = value.partition("=")
-                self.cookies[name] = rest.split(";", 1)[0]
-        finally:
-            conn.close()
-        return response.status, text
-
-    def sign_in(self, username: str, password: str) -> tuple[int, str]:
-        status, page = self.request("GET", "/admin/login/")
-        assert status == 200
-        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
-        assert match
-        form = {"csrfmiddlewaretoken": match[1], "username": username, "password": password}
-        return self.request("POST", "/admin/login/?next=/admin/", {**form, "next": "/admin/"})
-
-
 def test_signin__locked_after_five_failures_and_the_api_unaffected(server: Service) -> None:
     # A cheap hash: the server checks each wrong password against it.
     hashed = PBKDF2PasswordHasher().encode(PASSWORD, "signinsalt", iterations=1000)
     User.objects.create(username="alice", password=hashed, is_staff=True)
     _, key = ApiKey.issue(name="signin-admin", role="admin")
 
-    answers = [Browser(server).sign_in("alice", f"wrong-{n}")[0] for n in range(5)]
+    answers = [Browser(server.base_url).sign_in("alice", f"wrong-{n}")[0] for n in range(5)]
     assert answers == [200, 200, 200, 200, 429]
-    status, page = Browser(server).sign_in("alice", PASSWORD)
+    status, page = Browser(server.base_url).sign_in("alice", PASSWORD)
 
     assert status == 429
     assert "sign-in is locked for 15 minutes" in page

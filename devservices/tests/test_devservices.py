@@ -16,10 +16,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+
+from tests.service import Browser, free_port
 
 DEVSERVICES = [sys.executable, "-m", "devservices"]
 # Where `python -m devservices` finds the package; the children of `run` inherit it as their cwd.
@@ -262,3 +266,93 @@ def test_run__lets_push_requests_reach_loopback_unless_told_otherwise(tmp_path: 
     result = _devservices(tmp_path, *run, env=own)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == []
+
+
+# --- --setup: what `make run` makes on its first start ------------------------------
+
+COUNT_STAFF = textwrap.dedent(
+    """
+    import os, psycopg
+    with psycopg.connect(os.environ["DATABASE_URL"]) as conn:
+        print(conn.execute("SELECT count(*) FROM auth_user").fetchone()[0])
+    """
+)
+
+
+def _wait_ready(base_url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 150  # a first start: initdb, then every migration
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base_url}/readyz", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.5)
+
+
+def test_setup__first_start_prints_the_dashboard_and_a_staff_login_that_signs_in(
+    tmp_path: Path,
+) -> None:
+    """`make run`: the banner names the dashboard and a password saved beside the admin
+    key; the login signs in to the dashboard through the served sign-in form.  A later
+    start makes none again and prints where the password is."""
+    data = tmp_path / "d"
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    env = _env(tmp_path, TASKFORGE_BIND=f"127.0.0.1:{port}", TASKFORGE_WEB_WORKERS="1")
+    log = tmp_path / "run.log"
+    run = ["run", "--data", str(data), "--setup", "--"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*DEVSERVICES, *run, sys.executable, "manage.py", "run_api"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_ready(base_url, proc, log)
+        banner = log.read_text()
+        password = (data / "dashboard_password").read_text().strip()
+        key = (data / "admin_api_key").read_text().strip()
+
+        assert f"Dashboard: {base_url}/admin/dashboard/" in banner
+        assert f"Sign in as admin with this password (saved in {data}/dashboard_password)" in (
+            banner
+        )
+        assert f"    {password}\n" in banner and f"    {key}\n" in banner
+        assert (data / "dashboard_password").stat().st_mode & 0o777 == 0o600
+        assert Browser(base_url).sign_in("admin", password + "x")[0] == 200  # the form again
+        browser = Browser(base_url)
+        assert browser.sign_in("admin", password)[0] == 302
+        status, page = browser.request("GET", "/admin/dashboard/")
+        assert status == 200
+        assert 'id="login-form"' not in page
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert _processes_using(data) == []
+
+    again = _devservices(tmp_path, *run, sys.executable, "-c", COUNT_STAFF, env=env)
+
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == "1"  # no second user (after migrate's lines)
+    assert f"Sign in as admin; password saved in {data}/dashboard_password" in again.stderr
+    assert password not in again.stderr
+    assert (data / "dashboard_password").read_text().strip() == password
+
+
+def test_setup__a_throwaway_run_makes_no_staff_login(tmp_path: Path) -> None:
+    """`make test`'s servers (and any throwaway run) never get the local login."""
+    result = _devservices(
+        tmp_path, "run", "--throwaway", "--setup", "--", sys.executable, "-c", COUNT_STAFF
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "0"
+    assert "Sign in as" not in result.stderr
+    assert _throwaway_dirs(tmp_path) == []

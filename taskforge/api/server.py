@@ -27,6 +27,7 @@ import gc
 import multiprocessing
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -65,19 +66,27 @@ class ServerSettings:
     body_timeout: float
 
     @classmethod
-    def from_environ(cls) -> ServerSettings:
-        bind = os.environ.get("TASKFORGE_BIND", "0.0.0.0:8080")  # nosec B104 - as above
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
+        """From `environ` (default: this process's environment)."""
+        environ = os.environ if environ is None else environ
+        bind = environ.get("TASKFORGE_BIND", "0.0.0.0:8080")  # nosec B104 - as above
         host, _, port = bind.rpartition(":")
         return cls(
             bind=bind,
             # All interfaces: the documented default of TASKFORGE_BIND (a container's port).
             host=host.strip("[]") or "0.0.0.0",  # nosec B104
             port=int(port),
-            workers=int(os.environ.get("TASKFORGE_WEB_WORKERS", multiprocessing.cpu_count())),
-            threads=int(os.environ.get("TASKFORGE_WEB_THREADS", 1024)),
-            header_timeout=float(os.environ.get("TASKFORGE_HEADER_TIMEOUT_SECONDS", 10)),
-            body_timeout=float(os.environ.get("TASKFORGE_BODY_TIMEOUT_SECONDS", 30)),
+            workers=int(environ.get("TASKFORGE_WEB_WORKERS", multiprocessing.cpu_count())),
+            threads=int(environ.get("TASKFORGE_WEB_THREADS", 1024)),
+            header_timeout=float(environ.get("TASKFORGE_HEADER_TIMEOUT_SECONDS", 10)),
+            body_timeout=float(environ.get("TASKFORGE_BODY_TIMEOUT_SECONDS", 30)),
         )
+
+    @property
+    def local_url(self) -> str:
+        """Where a browser on this host reaches the server (`make run`'s banner)."""
+        host = "localhost" if self.host in ("0.0.0.0", "::") else self.host  # nosec B104
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
 
 def prepare_process() -> None:
