@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from taskforge.lib import netblocks
 from taskforge.lib.logging import lean_records
-from taskforge.lib.redisconn import is_cluster
+from taskforge.lib.redisconn import is_cluster, is_sentinel
 
 # Django's generic classes (ModelAdmin, QuerySet, Paginator, forms) accept type
 # arguments at run time, as the type checker reads them.
@@ -89,6 +89,9 @@ TASKFORGE_CLOUDTASKS_MAX_TASK_BYTES: int = env.int(
 # The `iss` of the OIDC ID tokens push requests carry (a URL, no trailing slash);
 # empty: http://<TASKFORGE_BIND>, a wildcard host written localhost.
 TASKFORGE_OIDC_ISSUER: str = env.str("TASKFORGE_OIDC_ISSUER", default="")
+# The Sentinels' own password, for a `redis+sentinel://` REDIS_URL whose Sentinels
+# need one (the URL's password is the master's); empty: none.
+TASKFORGE_REDIS_SENTINEL_PASSWORD: str = env.str("TASKFORGE_REDIS_SENTINEL_PASSWORD", default="")
 
 
 def _networks(name: str, default: str) -> str:
@@ -237,6 +240,10 @@ if is_cluster(REDIS_URL):
     # TaskForge's own backend over redis-py's cluster client, with the same
     # keys, timeouts and misses-when-down (taskforge.lib.cache).
     CACHES["default"]["BACKEND"] = "taskforge.lib.cache.RedisClusterCache"
+elif is_sentinel(REDIS_URL):
+    # Nor does it ask Sentinels which server is the master in the URL form
+    # TaskForge reads: the same backend over redisconn's Sentinel client.
+    CACHES["default"]["BACKEND"] = "taskforge.lib.cache.SentinelCache"
 DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
 DJANGO_REDIS_LOGGER = "taskforge.cache"
 
