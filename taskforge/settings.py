@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import django_stubs_ext
 import environ
@@ -181,6 +182,12 @@ TEMPLATES = [
 
 DATABASES = {"default": env.db("DATABASE_URL")}
 DATABASES["default"].setdefault("OPTIONS", {})
+# Several hosts (`postgres://u@pg1:5432,pg2:5432/db`, as libpq reads them): a primary
+# and its standbys.  Every connection, pooled or a loop's, goes to the one that takes
+# writes (libpq tries each host and drops a session on a read-only one), so a failover
+# needs no restart; a URL that says otherwise (`target_session_attrs=any`) is obeyed.
+if "," in str(DATABASES["default"].get("HOST") or ""):
+    DATABASES["default"]["OPTIONS"].setdefault("target_session_attrs", "read-write")
 # Fail fast when Postgres is unreachable: requests answer 503 instead of hanging.
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
 # A connection pool per process (psycopg_pool): threads of a gunicorn worker
@@ -211,6 +218,14 @@ DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=
 # (Postgres directly, or a pooler in session mode). Unset: on their own connection to
 # DATABASE_URL, which must then be a session (no transaction pooling).
 DATABASE_LISTEN_URL = env.str("DATABASE_LISTEN_URL", default="")
+if (
+    "," in urlsplit(DATABASE_LISTEN_URL).netloc
+    and "target_session_attrs" not in DATABASE_LISTEN_URL
+):
+    # LISTEN is refused on a standby: the same rule as DATABASE_URL's hosts.
+    DATABASE_LISTEN_URL += ("&" if "?" in DATABASE_LISTEN_URL else "?") + (
+        "target_session_attrs=read-write"
+    )
 # Django's server-side cursors (QuerySet.iterator()) live across transactions, which a
 # transaction pooler cannot follow; TaskForge reads nothing big enough to need them.
 DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True

@@ -30,7 +30,7 @@ import pytest
 
 from tests import pgservers
 from tests.pgservers import PgServer
-from tests.redisservers import SentinelGroup
+from tests.redisservers import RedisServer, SentinelGroup
 from tests.service import API, Api, Service
 from tests.workload import FINISHED, Readiness, Run, check_tasks, count, manage, wait_finished
 
@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.postgres]
 
 DB = "taskforge_failover"
 TAKE_OVER_WITHIN = 30.0  # API.md
+NO_PRIMARY_SECONDS = 5.0
 LOOPS = ("dispatcher", "scheduler", "watchdog", "pusher")
 
 
@@ -168,3 +169,53 @@ def test_redis_sentinel_failover__master_killed_mid_run_no_task_lost_no_restart(
     # A Redis failover loses no hand-out: each attempt was handed out once.
     assert not run.duplicates, f"handed out twice: {run.duplicates[:10]}"
     check_tasks(libpq, "failover", run, run.produced, same_handouts=True)
+
+
+@pytest.mark.timeout(300)
+def test_postgres_failover__primary_killed_standby_promoted_nothing_answered_2xx_lost(
+    tmp_path: Path, pg_root: Path
+) -> None:
+    primary, standby = PgServer(pg_root, "primary"), PgServer(pg_root, "standby")
+    primary.initdb()
+    primary.start()
+    primary.create_database(DB)
+    cache = RedisServer(tmp_path / "redis")
+    try:
+        cache.start()
+        env = {
+            **os.environ,
+            "DATABASE_URL": primary.url(DB),
+            "REDIS_URL": cache.url(3),
+            "SECRET_KEY": "failover-secret-key",
+        }
+        manage(env, "migrate", "--noinput", "-v", "0")
+        key = manage(env, "createapikey", "failover-admin", "--role", "admin")
+        # The standby is copied before the primary names it synchronous: promoted, it
+        # has no synchronous_standby_names of its own (nothing would commit).
+        standby.basebackup_of(primary)
+        standby.start()
+        primary.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+        primary.execute("SELECT pg_reload_conf()")
+        primary.wait_sync_standby()
+        hosts = f"127.0.0.1:{primary.port},127.0.0.1:{standby.port}"
+        env["DATABASE_URL"] = f"postgres://postgres@{hosts}/{DB}?target_session_attrs=read-write"
+        # The loops LISTEN on a connection of their own; without target_session_attrs,
+        # which TaskForge then sets for several hosts itself.
+        env["DATABASE_LISTEN_URL"] = f"postgres://postgres@{hosts}/{DB}"
+        libpq = env["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+
+        def fail_over() -> float:
+            primary.stop("immediate")  # every server process killed: a crash
+            # No primary while the failover tool decides (Patroni waits its TTL).
+            time.sleep(NO_PRIMARY_SECONDS)
+            standby.promote()
+            return time.monotonic()
+
+        names = ("DATABASE_URL", "DATABASE_LISTEN_URL", "REDIS_URL", "SECRET_KEY")
+        run, _, _ = _run_through(tmp_path, {k: env[k] for k in names}, libpq, key, fail_over)
+        # A management command finds the new primary through the same URL.
+        manage(env, "createapikey", "after-failover", "--role", "producer")
+    finally:
+        cache.stop()
+    # Nothing answered 2xx lost: every enqueue's task, every ack (check_tasks).
+    check_tasks(libpq, "failover", run, run.produced, same_handouts=False)
