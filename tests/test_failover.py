@@ -1,21 +1,22 @@
 """Failovers mid-run (issue 35): a Redis master behind Sentinels killed, a Postgres
-primary killed and its synchronous standby promoted.
+primary killed and its synchronous standby promoted; and a Postgres crash.
 
 API.md, "Durability, crashes and failover": every TaskForge process finds the
 new master or primary by itself, with no restart, and hands out tasks (serves
 writes) again within 30 s of it taking over; meanwhile every answer is as usual
 or 503 `unavailable` (never a 500, none later than 10 s past `wait_seconds`);
 nothing answered 2xx is lost.  A Redis failover loses no hand-out; in a Postgres
-failover only a hand-out may be lost (the task is then handed out again, with
-the next attempt once its lease ran out).
+failover or crash only a hand-out may be lost (the task is then handed out
+again with the same attempt number, and the first holder's ack answers 409).
 
 The whole service (run_api, run_dispatcher, run_scheduler, run_watchdog,
 run_pusher) runs against servers of the test's own: a Redis master, a replica
 and three Sentinels (tests/redisservers.py), and a Postgres primary with a
 streaming synchronous standby made by `pg_basebackup -R`
-(tests/pgservers.py).  A producer enqueues throughout and workers claim and ack
-(tests/workload.py).  Each test prints what the failover cost: seconds of 503s,
-tasks handed out twice, and how /readyz read.
+(tests/pgservers.py), or that primary alone, crashed and started again.  A
+producer enqueues throughout and workers claim and ack (tests/workload.py).
+Each test prints what the failure cost: seconds of 503s, tasks handed out
+twice, and how /readyz read.
 """
 
 from __future__ import annotations
@@ -218,4 +219,39 @@ def test_postgres_failover__primary_killed_standby_promoted_nothing_answered_2xx
     finally:
         cache.stop()
     # Nothing answered 2xx lost: every enqueue's task, every ack (check_tasks).
+    check_tasks(libpq, "failover", run, run.produced, same_handouts=False)
+
+
+@pytest.mark.timeout(300)
+def test_postgres_crash__every_server_process_killed_nothing_answered_2xx_lost(
+    tmp_path: Path, pg_root: Path
+) -> None:
+    """The crash of the primary alone: every server process killed mid-run, crash
+    recovery at the next start; a 2xx answer is a promise that survives it."""
+    pg = PgServer(pg_root, "pg")
+    pg.initdb()
+    pg.start()
+    pg.create_database(DB)
+    cache = RedisServer(tmp_path / "redis")
+    try:
+        cache.start()
+        env = {
+            **os.environ,
+            "DATABASE_URL": pg.url(DB),
+            "REDIS_URL": cache.url(3),
+            "SECRET_KEY": "failover-secret-key",
+        }
+        manage(env, "migrate", "--noinput", "-v", "0")
+        key = manage(env, "createapikey", "crash-admin", "--role", "admin")
+        libpq = pg.url(DB).replace("postgres://", "postgresql://", 1)
+
+        def crash() -> float:
+            pg.stop("immediate")
+            pg.start()  # crash recovery
+            return time.monotonic()
+
+        names = ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")
+        run, _, _ = _run_through(tmp_path, {k: env[k] for k in names}, libpq, key, crash)
+    finally:
+        cache.stop()
     check_tasks(libpq, "failover", run, run.produced, same_handouts=False)
