@@ -47,6 +47,7 @@ class _Conf:
     CLOUDTASKS_DEDUP_SECONDS: int
     CLOUDTASKS_MAX_TASK_BYTES: int
     OIDC_ISSUER: str
+    REDIS_SENTINEL_PASSWORD: str
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names not read since their setting last changed: the

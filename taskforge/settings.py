@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import django_stubs_ext
 import environ
@@ -16,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from taskforge.lib import netblocks
 from taskforge.lib.logging import lean_records
-from taskforge.lib.redisconn import is_cluster
+from taskforge.lib.redisconn import is_cluster, is_sentinel
 
 # Django's generic classes (ModelAdmin, QuerySet, Paginator, forms) accept type
 # arguments at run time, as the type checker reads them.
@@ -89,6 +90,9 @@ TASKFORGE_CLOUDTASKS_MAX_TASK_BYTES: int = env.int(
 # The `iss` of the OIDC ID tokens push requests carry (a URL, no trailing slash);
 # empty: http://<TASKFORGE_BIND>, a wildcard host written localhost.
 TASKFORGE_OIDC_ISSUER: str = env.str("TASKFORGE_OIDC_ISSUER", default="")
+# The Sentinels' own password, for a `redis+sentinel://` REDIS_URL whose Sentinels
+# need one (the URL's password is the master's); empty: none.
+TASKFORGE_REDIS_SENTINEL_PASSWORD: str = env.str("TASKFORGE_REDIS_SENTINEL_PASSWORD", default="")
 
 
 def _networks(name: str, default: str) -> str:
@@ -178,6 +182,12 @@ TEMPLATES = [
 
 DATABASES = {"default": env.db("DATABASE_URL")}
 DATABASES["default"].setdefault("OPTIONS", {})
+# Several hosts (`postgres://u@pg1:5432,pg2:5432/db`, as libpq reads them): a primary
+# and its standbys.  Every connection, pooled or a loop's, goes to the one that takes
+# writes (libpq tries each host and drops a session on a read-only one), so a failover
+# needs no restart; a URL that says otherwise (`target_session_attrs=any`) is obeyed.
+if "," in str(DATABASES["default"].get("HOST") or ""):
+    DATABASES["default"]["OPTIONS"].setdefault("target_session_attrs", "read-write")
 # Fail fast when Postgres is unreachable: requests answer 503 instead of hanging.
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
 # A connection pool per process (psycopg_pool): threads of a gunicorn worker
@@ -208,6 +218,14 @@ DATABASE_PREPARED_STATEMENTS = env.bool("DATABASE_PREPARED_STATEMENTS", default=
 # (Postgres directly, or a pooler in session mode). Unset: on their own connection to
 # DATABASE_URL, which must then be a session (no transaction pooling).
 DATABASE_LISTEN_URL = env.str("DATABASE_LISTEN_URL", default="")
+if (
+    "," in urlsplit(DATABASE_LISTEN_URL).netloc
+    and "target_session_attrs" not in DATABASE_LISTEN_URL
+):
+    # LISTEN is refused on a standby: the same rule as DATABASE_URL's hosts.
+    DATABASE_LISTEN_URL += ("&" if "?" in DATABASE_LISTEN_URL else "?") + (
+        "target_session_attrs=read-write"
+    )
 # Django's server-side cursors (QuerySet.iterator()) live across transactions, which a
 # transaction pooler cannot follow; TaskForge reads nothing big enough to need them.
 DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
@@ -237,6 +255,10 @@ if is_cluster(REDIS_URL):
     # TaskForge's own backend over redis-py's cluster client, with the same
     # keys, timeouts and misses-when-down (taskforge.lib.cache).
     CACHES["default"]["BACKEND"] = "taskforge.lib.cache.RedisClusterCache"
+elif is_sentinel(REDIS_URL):
+    # Nor does it ask Sentinels which server is the master in the URL form
+    # TaskForge reads: the same backend over redisconn's Sentinel client.
+    CACHES["default"]["BACKEND"] = "taskforge.lib.cache.SentinelCache"
 DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
 DJANGO_REDIS_LOGGER = "taskforge.cache"
 

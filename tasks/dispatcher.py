@@ -81,7 +81,10 @@ class DispatcherLoop(Loop):
 
     def tick(self) -> bool:
         """Dispatch the queues named by notifications, or all of them when due."""
-        full_pass = time.monotonic() >= self._next_full_pass
+        # After a failed tick, a full pass: what NOTIFY named meanwhile may be lost,
+        # and a pass with nothing named would touch no store and pass for a recovery
+        # (the backoff would start over at every other tick of an outage).
+        full_pass = self.failures > 0 or time.monotonic() >= self._next_full_pass
         queues: list[Queue]
         if full_pass:
             self._next_full_pass = time.monotonic() + self.interval

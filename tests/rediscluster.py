@@ -35,7 +35,10 @@ def _free(port: int) -> bool:
     return True
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
+    """Ports free now, below the ephemeral range (20000-29999, each with port + 10000
+    free too): no client connection takes one while its server is down, so a server
+    stopped and started again finds its port."""
     found: list[int] = []
     while len(found) < count:
         port = random.randint(20000, 29999)  # bus ports 30000..39999, under the ephemeral range
@@ -50,7 +53,7 @@ class RedisCluster:
     def __init__(self, directory: Path, *, replicas: int = 0) -> None:
         self.directory = directory
         self.replicas = replicas
-        self.ports = _free_ports(MASTERS * (1 + replicas))
+        self.ports = free_ports(MASTERS * (1 + replicas))
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @property

@@ -18,36 +18,23 @@ import contextlib
 import itertools
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from django.conf import settings
 
 from devservices.postgres import Postgres
-from tasks.lifecycle import moves_of_row
-from tests.service import ROOT, Api, Service
+from tests.service import Api, Service
+from tests.workload import FINISHED, Run, check_tasks, count, manage
 
 pytestmark = [pytest.mark.postgres]
 
 DB = "taskforge_restart"
-LIFECYCLE: dict[str | None, set[str]] = {
-    None: {"pending"},
-    "pending": {"claimed", "cancelled"},
-    "claimed": {"executing", "pending", "cancelled"},
-    "executing": {"done", "retry", "dead"},
-    "retry": {"pending", "cancelled"},
-    "dead": {"pending"},
-    "done": set(),
-    "cancelled": set(),
-}
 TOTAL = 600
 OUTAGE_SECONDS = 2.0
 
@@ -70,104 +57,6 @@ def cluster() -> Iterator[Postgres]:
         subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
-def _manage(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
-class Run:
-    """Producers and workers over HTTP that retry through an outage, and what they saw."""
-
-    def __init__(self, base_url: str, key: str, queue: str) -> None:
-        self.api = Api(base_url, key)
-        self.queue = queue
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.outage = threading.Event()
-        self.handouts: dict[tuple[str, int], str] = {}
-        self.duplicates: list[tuple[str, int]] = []
-        self.acked: dict[tuple[str, int], str] = {}
-        self.answers: Counter[str] = Counter()
-        self.outage_bodies: list[Any] = []
-        self.errors: list[str] = []
-
-    def call(self, what: str, method: str, path: str, body: Any, timeout: float = 30) -> Any:
-        """One call, repeated through 503s and refused connections until it is answered."""
-        while True:
-            try:
-                status, answer = self.api.call(method, path, body, timeout=timeout)
-            except OSError as exc:
-                with self.lock:
-                    self.answers[f"{what} {type(exc).__name__}"] += 1
-                time.sleep(0.1)
-                continue
-            with self.lock:
-                self.answers[f"{what} {status}"] += 1
-                if status == 503:
-                    self.outage_bodies.append(answer)
-            if status == 503:
-                time.sleep(0.1)
-                continue
-            return status, answer
-
-    def produce(self, first: int, count: int) -> None:
-        """Half of its tasks at once, the other half from the start of the outage on."""
-        for start in range(first, first + count, 20):
-            if start >= first + count // 2:
-                self.outage.wait(60)
-            tasks = [
-                {"payload": {"n": n}, "idempotency_key": f"task-{n}"}
-                for n in range(start, min(start + 20, first + count))
-            ]
-            status, answer = self.call(
-                "enqueue", "POST", f"/queues/{self.queue}/tasks/batch", {"tasks": tasks}
-            )
-            if status not in (200, 201):
-                self.errors.append(f"enqueue {start}: {status} {answer}")
-
-    def work(self, worker_id: str) -> None:
-        while not self.stopping.is_set():
-            body = {
-                "worker_id": worker_id,
-                "queues": [self.queue],
-                "max_tasks": 2,
-                "wait_seconds": 0.5,
-            }
-            status, answer = self.call("claim", "POST", "/workers/claim", body, timeout=30)
-            if status != 200:
-                self.errors.append(f"claim {worker_id}: {status} {answer}")
-                continue
-            for task in answer["tasks"]:
-                key = (task["id"], task["attempts"])
-                with self.lock:
-                    if key in self.handouts:
-                        self.duplicates.append(key)
-                    self.handouts[key] = worker_id
-                time.sleep(0.01)
-                ack = {"worker_id": worker_id, "task_id": task["id"], "attempt": task["attempts"]}
-                status, answer = self.call("ack", "POST", "/workers/ack", ack)
-                if status == 200:
-                    with self.lock:
-                        self.acked[key] = worker_id
-                elif status != 409:
-                    self.errors.append(f"ack {key} by {worker_id}: {status} {answer}")
-
-
-def _count(url: str, sql: str) -> int:
-    with psycopg.connect(url, connect_timeout=5) as conn:
-        row = conn.execute(sql).fetchone()
-        assert row is not None
-        return int(row[0])
-
-
 @pytest.mark.timeout(240)
 def test_postgres_restart__mid_run_every_task_finishes_once(
     cluster: Postgres, tmp_path: Path
@@ -179,8 +68,8 @@ def test_postgres_restart__mid_run_every_task_finishes_once(
         "REDIS_URL": settings.REDIS_URL,
         "SECRET_KEY": "restart-secret-key",
     }
-    _manage(env, "migrate", "--noinput", "-v", "0")
-    key = _manage(env, "createapikey", "restart-admin", "--role", "admin")
+    manage(env, "migrate", "--noinput", "-v", "0")
+    key = manage(env, "createapikey", "restart-admin", "--role", "admin")
     service = Service(tmp_path, {k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")})
     libpq = url.replace("postgres://", "postgresql://", 1)
     queue = f"restart-{os.getpid()}"
@@ -202,9 +91,9 @@ def test_postgres_restart__mid_run_every_task_finishes_once(
         for thread in itertools.chain(producers, workers):
             thread.start()
 
-        finished = "SELECT count(*) FROM tasks_task WHERE status IN ('done', 'dead')"
+        finished = FINISHED
         deadline = time.monotonic() + 60
-        while _count(libpq, finished) < TOTAL // 4:
+        while count(libpq, finished) < TOTAL // 4:
             assert time.monotonic() < deadline, "a quarter of the tasks did not finish"
             time.sleep(0.1)
         cluster.stop()  # fast shutdown: sessions are cut, transactions in flight abort
@@ -230,9 +119,9 @@ def test_postgres_restart__mid_run_every_task_finishes_once(
         for thread in producers:
             thread.join(timeout=90)
         deadline = time.monotonic() + 90
-        while _count(libpq, finished) < TOTAL:
+        while count(libpq, finished) < TOTAL:
             assert time.monotonic() < deadline, (
-                f"not all tasks finished: {_count(libpq, finished)} of {TOTAL}; "
+                f"not all tasks finished: {count(libpq, finished)} of {TOTAL}; "
                 f"answers {dict(run.answers)}"
             )
             time.sleep(0.2)
@@ -257,38 +146,4 @@ def test_postgres_restart__mid_run_every_task_finishes_once(
     assert run.answers["enqueue 503"] > 0, run.answers
     assert run.answers["claim 503"] + run.answers["ack 503"] > 0, run.answers
     assert not run.duplicates, f"handed out twice: {run.duplicates[:10]}"
-    with psycopg.connect(libpq, connect_timeout=5) as conn:
-        statuses: dict[str, int] = dict(
-            conn.execute(
-                "SELECT status, count(*) FROM tasks_task t JOIN queues_queue q ON q.id = t.queue_id"
-                " WHERE q.name = %s GROUP BY status",
-                [queue],
-            ).fetchall()
-        )
-        events = conn.execute(
-            "SELECT e.task_id::text, e.from_status, e.to_status, e.worker_id, e.attempt,"
-            " e.claimed_at IS NOT NULL FROM tasks_taskevent e ORDER BY e.task_id, e.id"
-        ).fetchall()
-    assert sum(statuses.values()) == TOTAL, statuses  # none lost, none made twice
-    assert set(statuses) <= {"done", "dead"}, statuses
-    stored: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
-    for task_id, frm, to, worker, attempt, records_claim in events:
-        if records_claim:  # an attempt's outcome records its hand-out (tasks.events)
-            stored[task_id].append(("claimed", "executing", worker, attempt))
-        stored[task_id].append((frm, to, worker, attempt))
-    chains = {  # with the moves the task row records (tasks.events)
-        task_id: [(*move, None, 0) for move in moves_of_row("done", rows[0][:2])] + rows
-        for task_id, rows in stored.items()
-    }
-    executing: dict[tuple[str, int], str] = {}
-    done: dict[tuple[str, int], str] = {}
-    for task_id, chain in chains.items():
-        assert chain[0][:2] == (None, "pending"), (task_id, chain)
-        for (_, previous, *_), (frm, to, worker, attempt) in itertools.pairwise(chain):
-            assert frm == previous and to in LIFECYCLE[frm], (task_id, chain)
-            if to == "executing":
-                executing[(task_id, attempt)] = worker
-            if to == "done":
-                done[(task_id, attempt)] = worker
-    assert executing == run.handouts
-    assert done == run.acked
+    check_tasks(libpq, queue, run, TOTAL, same_handouts=True)

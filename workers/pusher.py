@@ -47,7 +47,7 @@ from queues.models import Queue
 from taskforge import metrics
 from taskforge.conf import conf
 from taskforge.lib import jsonutil
-from taskforge.lib.loop import Loop
+from taskforge.lib.loop import Loop, backoff
 from tasks import transitions
 from tasks.models import Task
 from tasks.wakeup import waiters
@@ -194,7 +194,7 @@ class Finisher:
                 )
                 if not connection.in_atomic_block:
                     connection.close()
-                if self._stop.wait(min(5.0, 0.2 * 2**failures)):
+                if self._stop.wait(backoff(failures)):
                     break
                 continue
             failures = 0

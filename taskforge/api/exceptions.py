@@ -13,10 +13,8 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError
 from django.http import Http404
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions as drf
 from rest_framework import status
 from rest_framework.renderers import JSONRenderer
@@ -26,8 +24,7 @@ from rest_framework.views import set_rollback
 from taskforge.api.bodies import Invalid
 from taskforge.api.responses import error_body
 from taskforge.errors import TaskForgeError
-from taskforge.lib import pg
-from taskforge.lib.redisconn import CLUSTER_OUTAGES
+from taskforge.lib import outages, pg
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +40,6 @@ _DRF_CODES: list[tuple[type[drf.APIException], str]] = [
     (drf.UnsupportedMediaType, "unsupported_media_type"),
     (drf.Throttled, "throttled"),
 ]
-
-_OUTAGES = (
-    OperationalError,
-    InterfaceError,
-    RedisConnectionError,
-    RedisTimeoutError,
-    *CLUSTER_OUTAGES,
-)
 
 
 class PayloadTooLarge(drf.APIException):
@@ -172,9 +161,11 @@ def error_answer(exc: Exception) -> tuple[int, dict[str, Any], dict[str, str]]:
         return exc.status_code, body, headers
 
     set_rollback()
-    if isinstance(exc, _OUTAGES):
+    if outages.is_outage(exc):
         logger.warning("request.unavailable", extra={"error": repr(exc)})
-        if isinstance(exc, OperationalError | InterfaceError):
+        if outages.read_only(exc):
+            pg.discard_connection()  # on a standby: the next one finds the primary
+        if isinstance(exc, DatabaseError):
             pg.check_pool_soon()  # the pool's other connections may be dead too
         return (
             status.HTTP_503_SERVICE_UNAVAILABLE,

@@ -1,10 +1,12 @@
-"""Django's cache on a Redis Cluster.
+"""Django's cache on a Redis Cluster, or behind Redis Sentinels.
 
 On a single Redis, Django's cache is django-redis.  django-redis has no
 cluster client (its connection factory builds a plain `redis.Redis`, which
 answers MOVED for keys on other nodes), so for a `redis+cluster://` REDIS_URL
 the settings use this backend instead: the same behaviour TaskForge relies on,
-over redis-py's `RedisCluster` (taskforge.lib.redisconn).
+over redis-py's `RedisCluster` (taskforge.lib.redisconn).  Behind Sentinels
+(`redis+sentinel://`) it is the same backend (`SentinelCache`) over the client
+of the master the Sentinels name.
 
 - Keys read `<KEY_PREFIX>:<version>:<key>`; integers are stored as their
   digits (so `incr` is one atomic INCRBY), other values pickled.
@@ -190,6 +192,12 @@ class RedisClusterCache(BaseCache):
 
     def close(self, **kwargs: Any) -> None:
         """Keep the process's client: it serves every request of every thread."""
+
+
+class SentinelCache(RedisClusterCache):
+    """A Django cache backend for a `redis+sentinel://` LOCATION: the same keys,
+    timeouts and misses-when-down, over the client of the master the Sentinels
+    name (taskforge.lib.redisconn), which follows a failover by itself."""
 
 
 # One key: runs on the node of its slot.  Missing key: nil (ValueError above).

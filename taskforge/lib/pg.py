@@ -160,6 +160,22 @@ def planned_without(methods: Sequence[str], using: str = DEFAULT_DB_ALIAS) -> It
             yield
 
 
+def discard_connection(using: str = DEFAULT_DB_ALIAS) -> None:
+    """This thread's connection met a server that refuses writes (a standby, or a
+    primary on its way down): close it, so that the pool drops it rather than hand
+    it out again, and the next connection, made with `target_session_attrs`, finds
+    the primary.  Inside a transaction Django closes it at the block's end."""
+    wrapper = connections[using]
+    raw = wrapper.connection
+    if raw is not None:
+        try:
+            raw.close()
+        except Exception as exc:  # closing a broken connection may fail; it is gone anyway
+            logger.debug("pg.discard_failed", extra={"error": repr(exc)})
+    if not wrapper.in_atomic_block:
+        wrapper.close()
+
+
 def check_pool_soon() -> None:
     """A request met a broken or missing Postgres connection: test the pool's idle ones.
 

@@ -1,4 +1,4 @@
-"""Opening Redis from REDIS_URL: one server, or a Redis Cluster.
+"""Opening Redis from REDIS_URL: one server, a Redis Cluster, or a master behind Sentinels.
 
 `redis://host:port/db` (or `rediss://`, `unix://`) names one server and gives
 a plain `redis.Redis`.  `redis+cluster://host:port` (or `rediss+cluster://`)
@@ -12,13 +12,23 @@ A cluster has only db 0: a cluster URL names none (or `/0`), and TaskForge
 keeps to its own key names there (`tf:*` for the dispatch buffer,
 `taskforge:*` for Django's cache).
 
-Every place that connects to REDIS_URL goes through `connect()`, so the two
+`redis+sentinel://s1:26379,s2:26379/<master name>/<db>` (or
+`rediss+sentinel://`, TLS to the master) names Redis Sentinels and the master
+they watch, through redis-py's Sentinel support: each new connection asks the
+Sentinels which server is the master now, a connection still open to a master
+that became a replica is dropped at its first READONLY answer, and idle ones
+when the Sentinels name another master, so a failover needs no restart.  A
+password in the URL is the master's (and its replicas'); Sentinels that need
+one of their own get TASKFORGE_REDIS_SENTINEL_PASSWORD.
+
+Every place that connects to REDIS_URL goes through `connect()`, so the three
 kinds of deployment differ in this module only.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any, TypeAlias, cast
 from urllib.parse import unquote, urlsplit
 
@@ -26,8 +36,13 @@ import redis
 from redis.client import PubSub
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ClusterError, RedisClusterException, RedisError
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from taskforge.conf import conf
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
+SENTINEL_PORT = 26379
 
 # Either client: both speak the same commands, pipelines and scripts.
 Client: TypeAlias = "redis.Redis | RedisCluster"
@@ -47,6 +62,16 @@ def is_cluster(url: str) -> bool:
     return urlsplit(url).scheme in CLUSTER_SCHEMES
 
 
+def is_sentinel(url: str) -> bool:
+    """Whether `url` names Redis Sentinels (`redis+sentinel://`, `rediss+sentinel://`)."""
+    return urlsplit(url).scheme in SENTINEL_SCHEMES
+
+
+def is_single_server(url: str) -> bool:
+    """Whether `url` names one server (`redis://`, `rediss://`, `unix://`)."""
+    return not (is_cluster(url) or is_sentinel(url))
+
+
 @functools.lru_cache(maxsize=16)
 def channel(base: str, url: str) -> str:
     """`base` named after `url`'s logical db: `tf:wake:9` for redis://host/9.
@@ -55,8 +80,31 @@ def channel(base: str, url: str) -> str:
     runs) on one Redis server in different dbs would otherwise hear each
     other's messages.  A cluster has only db 0.
     """
-    db = 0 if is_cluster(url) else redis.connection.parse_url(url).get("db", 0)
+    if is_cluster(url):
+        db = 0
+    elif is_sentinel(url):
+        db = sentinel_target(url).db
+    else:
+        db = redis.connection.parse_url(url).get("db", 0)
     return f"{base}:{db}"
+
+
+def _host_ports(hosts: str, default_port: int) -> list[tuple[str, int]]:
+    """`h1:p1,h2,[::1]:p3` as (host, port) pairs.
+
+    Raises:
+        ValueError: no host, or a port that is not a number.
+    """
+    found: list[tuple[str, int]] = []
+    for hostport in hosts.split(","):
+        host, _, port = hostport.strip().rpartition(":")
+        if not host or (host.startswith("[") and not host.endswith("]")):
+            host, port = hostport.strip(), str(default_port)  # no port given
+        host = unquote(host.strip("[]"))
+        if not host:
+            raise ValueError("the URL needs at least one host:port")
+        found.append((host, int(port)))
+    return found
 
 
 def cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
@@ -73,21 +121,95 @@ def cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
     db = parts.path.strip("/")
     if db not in ("", "0"):
         raise ValueError("a Redis Cluster has only db 0: drop the path from REDIS_URL")
-    seeds: list[tuple[str, int]] = []
-    for hostport in hosts.split(","):
-        host, _, port = hostport.strip().rpartition(":")
-        if not host:  # no port given
-            host, port = hostport.strip(), "6379"
-        host = unquote(host.strip("[]"))
-        if not host:
-            raise ValueError("a Redis Cluster URL needs at least one host:port")
-        seeds.append((host, int(port)))
+    seeds = _host_ports(hosts, 6379)
     first_host, first_port = seeds[0]
     if ":" in first_host:
         first_host = f"[{first_host}]"
     netloc = f"{auth}@{first_host}:{first_port}" if auth else f"{first_host}:{first_port}"
     query = f"?{parts.query}" if parts.query else ""
     return f"{scheme}://{netloc}/0{query}", seeds
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """What a Sentinel URL names: the Sentinels, the master's name, and how to
+    connect to the master (db, its user and password, TLS)."""
+
+    sentinels: list[tuple[str, int]]
+    master: str
+    db: int
+    username: str | None
+    password: str | None
+    ssl: bool
+
+
+def sentinel_target(url: str) -> SentinelTarget:
+    """Read `redis+sentinel://[user:pass@]s1:26379,s2:26379/<master name>/<db>`.
+
+    Raises:
+        ValueError: not a Sentinel URL, no Sentinel, no master name, or a bad db.
+    """
+    parts = urlsplit(url)
+    scheme = SENTINEL_SCHEMES.get(parts.scheme)
+    if scheme is None:
+        raise ValueError(f"not a Redis Sentinel URL: {parts.scheme}://")
+    auth, _, hosts = parts.netloc.rpartition("@")
+    path = [unquote(part) for part in parts.path.split("/") if part]
+    if not path or len(path) > 2:
+        raise ValueError(
+            "a Redis Sentinel URL names the master: redis+sentinel://host:port/<master name>/<db>"
+        )
+    if len(path) == 2 and not path[1].isdigit():
+        raise ValueError(f"not a Redis db number: {path[1]!r}")
+    username, _, password = auth.partition(":") if auth else ("", "", "")
+    return SentinelTarget(
+        sentinels=_host_ports(hosts, SENTINEL_PORT),
+        master=path[0],
+        db=int(path[1]) if len(path) == 2 else 0,
+        username=unquote(username) or None,
+        password=unquote(password) or None,
+        ssl=scheme == "rediss",
+    )
+
+
+class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """Connections to the master the Sentinels name, and a wait for one when all are
+    in use (BlockingConnectionPool's `timeout`) rather than an error at once."""
+
+
+class SentinelRedis(redis.Redis):
+    """A client of the master behind Sentinels; `close()` also closes its
+    connections to the Sentinels."""
+
+    def close(self) -> None:
+        pool = self.connection_pool
+        super().close()
+        manager = getattr(pool, "sentinel_manager", None)
+        if manager is not None:
+            manager.close()
+
+
+def _sentinel_client(url: str, *, blocking: bool, options: dict[str, Any]) -> redis.Redis:
+    target = sentinel_target(url)
+    # The Sentinels get the same socket timeouts, and a password of their own if any.
+    sentinel_options: dict[str, Any] = {
+        k: v for k, v in options.items() if k in ("socket_timeout", "socket_connect_timeout")
+    }
+    if conf.REDIS_SENTINEL_PASSWORD:
+        sentinel_options["password"] = conf.REDIS_SENTINEL_PASSWORD
+    manager = Sentinel(target.sentinels, sentinel_kwargs=sentinel_options)
+    pool_class = BlockingSentinelPool if blocking else SentinelConnectionPool
+    # redis-py types its Sentinel pool loosely.
+    pool = pool_class(  # type: ignore[no-untyped-call]
+        target.master,
+        manager,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        ssl=target.ssl,
+        **options,
+    )
+    return SentinelRedis.from_pool(pool)
 
 
 def connect(
@@ -97,7 +219,8 @@ def connect(
     blocking_timeout: float | None = None,
     **options: Any,
 ) -> Client:
-    """A client for `url`: `redis.Redis` for a server, `RedisCluster` for a cluster.
+    """A client for `url`: `redis.Redis` for a server or the master behind
+    Sentinels, `RedisCluster` for a cluster.
 
     `max_connections` caps the pool (per node in a cluster); with
     `blocking_timeout`, a thread that finds the pool exhausted waits that long
@@ -108,7 +231,7 @@ def connect(
     once for a cluster (a plain client connects on first use).
 
     Raises:
-        ValueError: a malformed cluster URL.
+        ValueError: a malformed cluster or Sentinel URL.
         redis.exceptions.RedisClusterException: no seed node of the cluster answers.
     """
     pool_class: type[redis.ConnectionPool] = redis.ConnectionPool
@@ -117,6 +240,8 @@ def connect(
         options["timeout"] = blocking_timeout
     if max_connections is not None:
         options["max_connections"] = max_connections
+    if is_sentinel(url):
+        return _sentinel_client(url, blocking=blocking_timeout is not None, options=options)
     if not is_cluster(url):
         # The client owns its pool: close() disconnects it (a readiness check
         # builds a client per check).
