@@ -173,7 +173,10 @@ class _Coalescer:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
             self._pending.append(pending)
-            self._lock.notify_all()
+            # The sender waits for a first item, then lingers until its deadline or
+            # a full batch: it needs waking for those only, not for every item.
+            if len(self._pending) == 1 or len(self._pending) >= self.max_batch:
+                self._lock.notify_all()
         return pending.future
 
     def close(self) -> None:
