@@ -1615,7 +1615,7 @@ class Bench:
 
     def _sdk_run(self, label: str, batcher: bool, sdk: str) -> dict[str, Any]:
         args = self.args
-        queue = self.new_queue(label)
+        queue = self.new_queue(label + ("-against" if sdk else ""))
         prod = {
             "queue": queue,
             "threads": args.sdk_producers,
@@ -1667,7 +1667,7 @@ class Bench:
         sides = self._sdk_sides()
         for run in range(runs):
             for sdk, per_run in sides if run % 2 == 0 else sides[::-1]:
-                queue = self.new_queue("lone")
+                queue = self.new_queue("lone-against" if sdk else "lone")
                 [result], cores, _ = self.run_load(
                     [(load_sdk_lone, {"queue": queue, "sdk": sdk})],
                     warmup=args.warmup,
