@@ -431,24 +431,39 @@ def load_sdk_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
 
 
 def load_sdk_lone(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
-    """One producer thread calling `TaskForge.enqueue` in a loop: each call's latency."""
+    """One producer thread calling `TaskForge.enqueue` in a loop: each call's latency.
+
+    With `cfg["turns"]` (the A/B), two of these processes, one per SDK, take turns call
+    by call (each waits for the other's call to return before making its own), so that
+    both meet the same moments of a shared machine; only the call itself is timed.
+    """
     _child_init()
     sdk = _sdk(cfg)
     client = sdk.TaskForge("http://{}:{}".format(*cfg["address"]), cfg["key"], maxsize=4)
     client.enqueue(cfg["queue"], PAYLOAD)  # connect before the clock
+    mine, theirs = cfg.get("turns") or (None, None)
     t_start, t_end = _wait_go(shared)
     latencies: list[float] = []
     failures = 0
     clock = time.perf_counter
-    while time.monotonic() < t_end:
+    while True:
+        if mine is not None:
+            while not mine.acquire(timeout=0.5) and time.monotonic() < t_end:
+                pass
+        if time.monotonic() >= t_end:
+            if theirs is not None:
+                theirs.release()  # the other one sees the end too
+            break
         began = clock()
         try:
             client.enqueue(cfg["queue"], PAYLOAD)
         except Exception:
             failures += 1
-            continue
-        if time.monotonic() >= t_start:
-            latencies.append((clock() - began) * 1000)
+        else:
+            if time.monotonic() >= t_start:
+                latencies.append((clock() - began) * 1000)
+        if theirs is not None:
+            theirs.release()
     client.close()
     latencies.sort()
     out.send(
@@ -1661,27 +1676,35 @@ class Bench:
         }
 
     def phase_lone(self, runs: int) -> dict[str, Any]:
-        """One producer thread calling `TaskForge.enqueue` in a loop: its calls' latency
-        (with `--sdk-against`, both checkouts' SDK in turn, A B B A ...)."""
+        """One producer thread calling `TaskForge.enqueue` in a loop: its calls' latency.
+
+        With `--sdk-against`, a second such process with the other checkout's SDK runs
+        at the same time, the two taking turns call by call (`load_sdk_lone`).
+        """
         args = self.args
         sides = self._sdk_sides()
         for run in range(runs):
-            for sdk, per_run in sides if run % 2 == 0 else sides[::-1]:
-                queue = self.new_queue("lone-against" if sdk else "lone")
-                [result], cores, _ = self.run_load(
-                    [(load_sdk_lone, {"queue": queue, "sdk": sdk})],
-                    warmup=args.warmup,
-                    window=args.window,
-                )
+            specs = []
+            turns = [self.ctx.Semaphore(1), self.ctx.Semaphore(0)] if len(sides) > 1 else None
+            for n, (sdk, _) in enumerate(sides):
+                cfg: dict[str, Any] = {"queue": self.new_queue("lone-against" if sdk else "lone")}
+                cfg["sdk"] = sdk
+                if turns is not None:
+                    # Who goes first alternates from run to run.
+                    first = (n + run) % 2 == 0
+                    cfg["turns"] = (turns[0], turns[1]) if first else (turns[1], turns[0])
+                specs.append((load_sdk_lone, cfg))
+            results, cores, _ = self.run_load(specs, warmup=args.warmup, window=args.window)
+            for (sdk, per_run), (_, cfg), result in zip(sides, specs, results, strict=True):
                 result["cores"] = finish_cores(cores, 0.0, args.window)
                 per_run.append(result)
-                self.retire_queue(queue)
-                self.settle()
+                self.retire_queue(cfg["queue"])
                 side = f" ({sdk})" if sdk else ""
                 log(
                     f"lone enqueue{side} run {run + 1}/{runs}: p50 {result['p50_ms']:.2f} ms, "
                     f"p99 {result['p99_ms']:.2f} ms ({result['samples']} calls)"
                 )
+            self.settle()
 
         def report(per_run: list[dict[str, Any]]) -> dict[str, Any]:
             return {
