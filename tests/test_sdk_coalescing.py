@@ -20,9 +20,17 @@ from typing import Any
 import pytest
 
 from taskforge.api.models import ApiKey
-from taskforge_client import Invalid, NotFound, PayloadTooLarge, Task, TaskForge, TaskSpec
+from taskforge_client import (
+    ConnectionFailed,
+    Invalid,
+    NotFound,
+    PayloadTooLarge,
+    Task,
+    TaskForge,
+    TaskSpec,
+)
 from taskforge_client.batching import Enqueues
-from tests.service import API, Service, api_process
+from tests.service import API, Service, api_process, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -251,6 +259,24 @@ def test_enqueue__a_whole_request_failure_fails_every_call_in_it(
         )
     assert all(isinstance(a, NotFound) and a.code == "not_found" for a in answers), answers
     assert client.sent == [(1, False), (3, True)]
+
+
+def test_enqueue__no_answer_repeats_only_the_keyed_calls_on_their_own() -> None:
+    """A batch with a call without a key is sent once; when no answer comes, the keyed
+    calls in it are made again on their own (alone they would have been retried), the
+    others fail as they would have alone."""
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with Held(url, "key", behind=2, retries=1, backoff_base=0.01) as client:
+        lone, keyed, unkeyed = in_threads(
+            lambda: client.enqueue("q", {"n": 0}),
+            lambda: client.enqueue("q", {"n": 1}, idempotency_key="k"),
+            lambda: client.enqueue("q", {"n": 2}),
+            client=client,
+        )
+    assert all(isinstance(a, ConnectionFailed) for a in (lone, keyed, unkeyed))
+    assert client.sent == [(1, False), (2, True), (1, False)]
+    # The lone call and the batch once each; the keyed call alone, retried once.
+    assert client.requests_sent == 1 + 1 + 2
 
 
 def test_enqueue__idempotency_keys_kept_per_item(
