@@ -8,7 +8,9 @@ load-generator processes over HTTP, and prints a readable table and one JSON lin
 2. end-to-end tasks/s with concurrent producers and workers: the single path (enqueue one,
    claim `max_tasks` 1, ack one) and the batched path (batch enqueue, claim 100, `ack/batch`);
 3. end-to-end tasks/s through the Python SDK: producer threads calling the enqueue
-   batcher one task at a time, `Worker` processes (the `sdk` phase);
+   batcher one task at a time, `Worker` processes (the `sdk` phase), or calling the
+   client's own `enqueue` (`natural`, beside the Celery peer); one thread's enqueue
+   latency (`lone`); `--sdk-against DIR` runs those two with another checkout's SDK too;
 4. enqueue-to-claim latency with one idle long-polling worker (`wait_seconds` 5): from just
    before the enqueue request is sent until the claim response arrives;
 5. scheduled precision (`scheduled`): delayed tasks handed to an idle long-polling worker,
