@@ -248,13 +248,28 @@ class EnqueueBatcher(_Coalescer):
         send_joined(self.client, key, chunk)
 
 
+class _Lane:
+    """A queue's lane: it exists from a request's start until every call of that request
+    has its answer in hand (`delivering` counts those that do not yet)."""
+
+    __slots__ = ("delivering", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: deque[_Pending] = deque()
+        self.delivering = 1
+
+
 class EnqueueLanes:
     """A client's enqueue calls, coalesced per queue while one of its requests is in flight.
 
     Used by `TaskForge.enqueue` and `enqueue_many` (unless the client was made with
-    `coalesce=False`).  A queue's lane exists while a request of it is in flight;
-    it holds the calls waiting for the next one.  No thread of its own: each
-    request is sent by the caller whose turn it is.
+    `coalesce=False`).  A queue's lane exists while a request of it is in flight,
+    until each call in it has taken its answer; it holds the calls waiting for the
+    next request.  Counting the answers' hand-over as part of the request matters
+    under load: the callers of a batch, woken one by one, call again while the
+    others still wake, and so wait for the next request together, rather than the
+    first one going alone and the rest after it (every other request a lone call).
+    No thread of its own: each request is sent by the caller whose turn it is.
     """
 
     def __init__(
@@ -264,7 +279,7 @@ class EnqueueLanes:
         self.max_batch = max_batch
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._lanes: dict[str, deque[_Pending]] = {}
+        self._lanes: dict[str, _Lane] = {}
 
     def call(self, queue: str, call: Enqueues) -> Any:
         """Make the call: at once when nothing of `queue` is in flight, else in the next
@@ -275,23 +290,25 @@ class EnqueueLanes:
         with self._lock:
             lane = self._lanes.get(queue)
             if lane is None:
-                self._lanes[queue] = deque()  # in flight: later calls wait in it
+                self._lanes[queue] = _Lane()  # in flight: later calls wait in it
                 pending = None
             else:
                 pending = _Pending(queue, call)
-                lane.append(pending)
+                lane.waiting.append(pending)
         if pending is None:
             try:
                 return self.client._enqueue_call(queue, call)
             finally:
-                self._hand_on(queue)
+                self._delivered(queue)
         try:
             outcome = pending.future.result()
         except BaseException:
-            self._withdraw(queue, pending)  # interrupted while waiting (else a no-op)
+            self._withdraw(queue, pending)
             raise
         if outcome is LEAD:
             outcome = self._lead(queue, pending)
+        else:
+            self._delivered(queue)
         if outcome is ALONE:
             return self.client._enqueue_call(queue, call)
         return outcome
@@ -299,51 +316,59 @@ class EnqueueLanes:
     def _lead(self, queue: str, me: _Pending) -> Any:
         """Send the next request of `queue`: the calls waiting in its lane, `me` first."""
         with self._lock:
-            batch = self._take(self._lanes[queue])
+            lane = self._lanes[queue]
+            batch = self._take(lane.waiting)
+            lane.delivering = len(batch)
         try:
             if len(batch) == 1:
                 return self.client._enqueue_call(queue, me.item)  # as it would have gone
             me.future = Future()  # LEAD was the old one's; this one gets the answer
             send_joined(self.client, queue, batch)
         finally:
-            self._hand_on(queue)
+            self._delivered(queue)
         return me.future.result()
 
-    def _take(self, lane: deque[_Pending]) -> list[_Pending]:
+    def _take(self, waiting: deque[_Pending]) -> list[_Pending]:
         """The waiting calls that go together, in the order they came (caller holds the lock)."""
-        first = lane.popleft()
+        first = waiting.popleft()
         batch, count, size = [first], first.item.count, len(first.item.encoded)
-        while lane:
-            call = lane[0].item
+        while waiting:
+            call = waiting[0].item
             if count + call.count > self.max_batch or size + len(call.encoded) > self.max_bytes:
                 break
-            batch.append(lane.popleft())
+            batch.append(waiting.popleft())
             count += call.count
             size += len(call.encoded) + 1
         return batch
 
-    def _hand_on(self, queue: str) -> None:
-        """A request of `queue` is answered: the first waiting call sends the next one."""
+    def _delivered(self, queue: str) -> None:
+        """A call of the request in flight has its answer (or went its own way); after
+        the last one, the first waiting call sends the next request."""
         with self._lock:
-            self._next(queue)
+            lane = self._lanes[queue]
+            lane.delivering -= 1
+            if not lane.delivering:
+                self._next(queue, lane)
 
-    def _next(self, queue: str) -> None:
-        lane = self._lanes[queue]
-        if lane:
-            lane[0].future.set_result(LEAD)
+    def _next(self, queue: str, lane: _Lane) -> None:
+        if lane.waiting:
+            lane.waiting[0].future.set_result(LEAD)
         else:
             del self._lanes[queue]
 
     def _withdraw(self, queue: str, pending: _Pending) -> None:
-        """A waiting call is abandoned (its thread was interrupted): out of the lane,
-        passing its turn on if it had been given one."""
+        """A call's thread was interrupted: the call leaves, passing its turn on if it
+        had been given one, or counts as answered if its request is on its way."""
         with self._lock:
             lane = self._lanes.get(queue)
-            if lane is None or pending not in lane:
+            if lane is None:
                 return
-            lane.remove(pending)
-            if pending.future.done():  # it was its turn (LEAD)
-                self._next(queue)
+            if pending in lane.waiting:
+                lane.waiting.remove(pending)
+                if pending.future.done():  # it was its turn (LEAD)
+                    self._next(queue, lane)
+                return
+        self._delivered(queue)
 
 
 def send_joined(client: Any, queue: str, calls: list[_Pending]) -> None:

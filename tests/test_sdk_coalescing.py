@@ -72,7 +72,8 @@ class Held(TaskForge):
         if first:
             assert self._lanes is not None
             lanes = self._lanes._lanes
-            wait_for(lambda: len(lanes.get(queue, ())) >= self.behind, 10, "calls waiting")
+            lane = lanes[queue]
+            wait_for(lambda: len(lane.waiting) >= self.behind, 10, "calls waiting")
         return super()._enqueue_call(queue, call)
 
 
@@ -108,7 +109,7 @@ def in_threads(*calls: Callable[[], Any], client: TaskForge | None = None) -> li
             lanes = client._lanes._lanes
 
             def arrived(i: int = i, lanes: dict[str, Any] = lanes) -> bool:
-                return sum(len(lane) + 1 for lane in lanes.values()) > i
+                return sum(len(lane.waiting) + 1 for lane in lanes.values()) > i
 
             wait_for(arrived, 10, "the call in flight or waiting")
     for thread in threads:
