@@ -8,7 +8,9 @@ load-generator processes over HTTP, and prints a readable table and one JSON lin
 2. end-to-end tasks/s with concurrent producers and workers: the single path (enqueue one,
    claim `max_tasks` 1, ack one) and the batched path (batch enqueue, claim 100, `ack/batch`);
 3. end-to-end tasks/s through the Python SDK: producer threads calling the enqueue
-   batcher one task at a time, `Worker` processes (the `sdk` phase);
+   batcher one task at a time, `Worker` processes (the `sdk` phase), or calling the
+   client's own `enqueue` (`natural`, beside the Celery peer); one thread's enqueue
+   latency (`lone`); `--sdk-against DIR` runs those two with another checkout's SDK too;
 4. enqueue-to-claim latency with one idle long-polling worker (`wait_seconds` 5): from just
    before the enqueue request is sent until the claim response arrives;
 5. scheduled precision (`scheduled`): delayed tasks handed to an idle long-polling worker,
@@ -372,14 +374,29 @@ def load_workers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     )
 
 
-def load_sdk_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
-    """SDK producers: threads calling `batcher.enqueue` one task at a time (taskforge_client)."""
-    _child_init()
-    from taskforge_client import TaskForge
+def _sdk(cfg: dict[str, Any]) -> Any:
+    """The taskforge_client package to measure: this checkout's, or that of the checkout
+    `cfg["sdk"]` names (`--sdk-against`: the A/B of the SDK rows)."""
+    if cfg.get("sdk"):
+        sys.path.insert(0, cfg["sdk"])
+    import taskforge_client
 
+    where = Path(taskforge_client.__file__).resolve()
+    expected = Path(cfg.get("sdk") or ROOT).resolve()
+    if not where.is_relative_to(expected):
+        raise BenchError(f"taskforge_client came from {where}, not {expected}")
+    return taskforge_client
+
+
+def load_sdk_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """SDK producers: threads calling `enqueue` one task at a time (taskforge_client):
+    through the enqueue batcher (`cfg["batcher"]`), or the client's own `enqueue`."""
+    _child_init()
+    sdk = _sdk(cfg)
     url = "http://{}:{}".format(*cfg["address"])
-    client = TaskForge(url, cfg["key"], maxsize=4)
-    batcher = client.batcher()
+    client = sdk.TaskForge(url, cfg["key"], maxsize=4)
+    batcher = client.batcher() if cfg.get("batcher") else None
+    enqueue = batcher.enqueue if batcher is not None else client.enqueue
     lock = threading.Lock()
     in_window = [0.0]
     failures = [0]
@@ -395,7 +412,7 @@ def load_sdk_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
                 time.sleep(0.001)
                 continue
             try:
-                batcher.enqueue(cfg["queue"], PAYLOAD)
+                enqueue(cfg["queue"], PAYLOAD)
             except Exception:
                 with lock:
                     failures[0] += 1
@@ -409,15 +426,63 @@ def load_sdk_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     cpu = _cpu_in_window(t_start, t_end)
     for thread in threads:
         thread.join()
-    batcher.close()
+    if batcher is not None:
+        batcher.close()
     client.close()
     out.send({"enqueued_in_window": in_window[0], "failures": failures[0], "client_cpu_s": cpu})
+
+
+def load_sdk_lone(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """One producer thread calling `TaskForge.enqueue` in a loop: each call's latency.
+
+    With `cfg["turns"]` (the A/B), two of these processes, one per SDK, take turns call
+    by call (each waits for the other's call to return before making its own), so that
+    both meet the same moments of a shared machine; only the call itself is timed.
+    """
+    _child_init()
+    sdk = _sdk(cfg)
+    client = sdk.TaskForge("http://{}:{}".format(*cfg["address"]), cfg["key"], maxsize=4)
+    client.enqueue(cfg["queue"], PAYLOAD)  # connect before the clock
+    mine, theirs = cfg.get("turns") or (None, None)
+    t_start, t_end = _wait_go(shared)
+    latencies: list[float] = []
+    failures = 0
+    clock = time.perf_counter
+    while True:
+        if mine is not None:
+            while not mine.acquire(timeout=0.5) and time.monotonic() < t_end:
+                pass
+        if time.monotonic() >= t_end:
+            if theirs is not None:
+                theirs.release()  # the other one sees the end too
+            break
+        began = clock()
+        try:
+            client.enqueue(cfg["queue"], PAYLOAD)
+        except Exception:
+            failures += 1
+        else:
+            if time.monotonic() >= t_start:
+                latencies.append((clock() - began) * 1000)
+        if theirs is not None:
+            theirs.release()
+    client.close()
+    latencies.sort()
+    out.send(
+        {
+            "samples": len(latencies),
+            "p50_ms": _pct(latencies, 50),
+            "p99_ms": _pct(latencies, 99),
+            "failures": failures,
+            "client_cpu_s": 0.0,
+        }
+    )
 
 
 def load_sdk_worker(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     """One SDK `Worker` process (claims for its free slots, batches its acks)."""
     _child_init()
-    from taskforge_client import Worker
+    sdk = _sdk(cfg)
 
     lock = threading.Lock()
 
@@ -426,7 +491,7 @@ def load_sdk_worker(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
             shared.acked.value += 1  # handled: the producers' flow control
 
     url = "http://{}:{}".format(*cfg["address"])
-    worker = Worker(
+    worker = sdk.Worker(
         url,
         cfg["key"],
         queues=[cfg["queue"]],
@@ -1533,35 +1598,72 @@ class Bench:
             "runs": per_run,
         }
 
-    def phase_sdk(self, runs: int) -> dict[str, Any]:
-        """SDK end to end: producer threads through the enqueue batcher, Worker processes."""
-        args = self.args
-        per_run = []
+    def phase_sdk(self, runs: int, *, batcher: bool = True) -> dict[str, Any]:
+        """SDK end to end: producer threads through the enqueue batcher (`sdk`) or calling
+        the client's own `enqueue` (`natural`), Worker processes.  With `--sdk-against`,
+        the natural row runs each time with both checkouts' SDK in turn (A B B A ...)."""
+        label = "sdk" if batcher else "natural"
+        sides = self._sdk_sides() if not batcher else [("", [])]
         for run in range(runs):
-            queue = self.new_queue("sdk")
-            prod = {"queue": queue, "threads": args.sdk_producers, "max_backlog": 2000}
-            work = {"queue": queue, "concurrency": args.sdk_concurrency}
-            results, cores, shared = self.run_load(
-                [(load_sdk_producers, prod)] + [(load_sdk_worker, work)] * args.sdk_workers,
-                warmup=args.e2e_warmup,
-                window=args.window,
-                drain=args.drain,
-            )
-            p, workers = results[0], results[1:]
-            window = shared.t_end.value - shared.t_start.value
-            acked = sum(w["acked_in_window"] for w in workers)
-            client_cpu = p["client_cpu_s"] + sum(w["client_cpu_s"] for w in workers)
-            result = {
-                "rate": acked / window,
-                "enqueue_rate": p["enqueued_in_window"] / window,
-                "failures": p["failures"],
-                "cores": finish_cores(cores, client_cpu, window),
-            }
-            result["cpu_ms_per_task"] = cpu_ms_per_task(result["cores"], result["rate"])
-            self.retire_queue(queue)
-            self.settle()
-            per_run.append(result)
-            log(f"sdk run {run + 1}/{runs}: {result['rate']:.0f} tasks/s")
+            for sdk, per_run in sides if run % 2 == 0 else sides[::-1]:
+                result = self._sdk_run(label, batcher, sdk)
+                per_run.append(result)
+                side = f" ({sdk})" if sdk else ""
+                log(f"{label}{side} run {run + 1}/{runs}: {result['rate']:.0f} tasks/s")
+        return self._sides_report(sides, self._sdk_report)
+
+    def _sdk_sides(self) -> list[tuple[str, list[dict[str, Any]]]]:
+        """This checkout's SDK, and `--sdk-against`'s when given: (path or "", runs)."""
+        sides: list[tuple[str, list[dict[str, Any]]]] = [("", [])]
+        if self.args.sdk_against:
+            sides.append((str(Path(self.args.sdk_against).resolve()), []))
+        return sides
+
+    def _sides_report(
+        self,
+        sides: list[tuple[str, list[dict[str, Any]]]],
+        report: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """This checkout's figures; with `--sdk-against`, the other's under `against`."""
+        result = report(sides[0][1])
+        if len(sides) > 1:
+            result["against"] = {"sdk": sides[1][0], **report(sides[1][1])}
+        return result
+
+    def _sdk_run(self, label: str, batcher: bool, sdk: str) -> dict[str, Any]:
+        args = self.args
+        queue = self.new_queue(label + ("-against" if sdk else ""))
+        prod = {
+            "queue": queue,
+            "threads": args.sdk_producers,
+            "max_backlog": 2000,
+            "batcher": batcher,
+            "sdk": sdk,
+        }
+        work = {"queue": queue, "concurrency": args.sdk_concurrency, "sdk": sdk}
+        results, cores, shared = self.run_load(
+            [(load_sdk_producers, prod)] + [(load_sdk_worker, work)] * args.sdk_workers,
+            warmup=args.e2e_warmup,
+            window=args.window,
+            drain=args.drain,
+        )
+        p, workers = results[0], results[1:]
+        window = shared.t_end.value - shared.t_start.value
+        acked = sum(w["acked_in_window"] for w in workers)
+        client_cpu = p["client_cpu_s"] + sum(w["client_cpu_s"] for w in workers)
+        result = {
+            "rate": acked / window,
+            "enqueue_rate": p["enqueued_in_window"] / window,
+            "failures": p["failures"],
+            "cores": finish_cores(cores, client_cpu, window),
+        }
+        result["cpu_ms_per_task"] = cpu_ms_per_task(result["cores"], result["rate"])
+        self.retire_queue(queue)
+        self.settle()
+        return result
+
+    def _sdk_report(self, per_run: list[dict[str, Any]]) -> dict[str, Any]:
+        args = self.args
         return {
             "unit": "tasks/s",
             "producers": args.sdk_producers,
@@ -1574,6 +1676,49 @@ class Bench:
             "failures": sum(r["failures"] for r in per_run),
             "runs": per_run,
         }
+
+    def phase_lone(self, runs: int) -> dict[str, Any]:
+        """One producer thread calling `TaskForge.enqueue` in a loop: its calls' latency.
+
+        With `--sdk-against`, a second such process with the other checkout's SDK runs
+        at the same time, the two taking turns call by call (`load_sdk_lone`).
+        """
+        args = self.args
+        sides = self._sdk_sides()
+        for run in range(runs):
+            specs = []
+            turns = [self.ctx.Semaphore(1), self.ctx.Semaphore(0)] if len(sides) > 1 else None
+            for n, (sdk, _) in enumerate(sides):
+                cfg: dict[str, Any] = {"queue": self.new_queue("lone-against" if sdk else "lone")}
+                cfg["sdk"] = sdk
+                if turns is not None:
+                    # Who goes first alternates from run to run.
+                    first = (n + run) % 2 == 0
+                    cfg["turns"] = (turns[0], turns[1]) if first else (turns[1], turns[0])
+                specs.append((load_sdk_lone, cfg))
+            results, cores, _ = self.run_load(specs, warmup=args.warmup, window=args.window)
+            for (sdk, per_run), (_, cfg), result in zip(sides, specs, results, strict=True):
+                result["cores"] = finish_cores(cores, 0.0, args.window)
+                per_run.append(result)
+                self.retire_queue(cfg["queue"])
+                side = f" ({sdk})" if sdk else ""
+                log(
+                    f"lone enqueue{side} run {run + 1}/{runs}: p50 {result['p50_ms']:.2f} ms, "
+                    f"p99 {result['p99_ms']:.2f} ms ({result['samples']} calls)"
+                )
+            self.settle()
+
+        def report(per_run: list[dict[str, Any]]) -> dict[str, Any]:
+            return {
+                "unit": "ms",
+                "p50": summary([r["p50_ms"] for r in per_run]),
+                "p99": summary([r["p99_ms"] for r in per_run]),
+                "cores": median_dict([r["cores"] for r in per_run]),
+                "failures": sum(r["failures"] for r in per_run),
+                "runs": per_run,
+            }
+
+        return self._sides_report(sides, report)
 
     def phase_celery(self, runs: int) -> dict[str, Any]:
         """Celery 5 (prefork, acks_late, Redis broker) in the SDK row's shape, same run."""
@@ -2154,6 +2299,20 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
         if value is not None and value == value:  # not NaN
             met = value >= threshold if op == ">=" else value <= threshold
         out[name] = {"value": value, "target": f"{op} {threshold:g} {unit}", "met": met}
+    # Issue 34, against figures of the same run: the natural path >= 1.5x the Celery
+    # peer; one thread's enqueue p50 no worse than with the other checkout's SDK.
+    natural, celery = results.get("natural", {}), results.get("celery", {})
+    if natural.get("median") and celery.get("median"):
+        ratio = natural["median"] / celery["median"]
+        out["natural_vs_celery"] = {
+            "value": round(ratio, 2),
+            "target": ">= 1.5x Celery",
+            "met": ratio >= 1.5,
+        }
+    lone = results.get("lone", {})
+    if "against" in lone:
+        ours, theirs = lone["p50"]["median"], lone["against"]["p50"]["median"]
+        out["lone_p50"] = {"value": ours, "target": f"<= {theirs:g} ms", "met": ours <= theirs}
     return out
 
 
@@ -2195,6 +2354,16 @@ def table(report: dict[str, Any]) -> str:
             f"e2e SDK ({e['producers']} producer threads, {e['workers']}x{e['concurrency']} Worker)"
         )
         row(label, e, "tasks/s")
+    celery = res.get("celery", {}).get("median")
+    if "natural" in res:
+        e = res["natural"]
+        label = (
+            f"e2e SDK natural path ({e['producers']} threads calling enqueue, "
+            f"{e['workers']}x{e['concurrency']} Worker)"
+        )
+        row(label, e, "tasks/s", "natural_vs_celery")
+        if "against" in e:
+            row(f"  the same, SDK of {e['against']['sdk']}", e["against"], "tasks/s")
     if "celery" in res and "median" in res["celery"]:
         e = res["celery"]
         label = (
@@ -2202,6 +2371,17 @@ def table(report: dict[str, Any]) -> str:
             f"{e['workers']}x{e['concurrency']} prefork, acks_late)"
         )
         row(label, e, "tasks/s")
+        for name in ("sdk", "natural"):
+            if name in res and celery:
+                ratio = res[name]["median"] / celery
+                rows.append((f"  {name} / Celery", f"{ratio:.2f}x", "", "", ""))
+    if "lone" in res:
+        e = res["lone"]
+        row("one thread calling enqueue: latency p50", e["p50"], "ms", "lone_p50")
+        row("one thread calling enqueue: latency p99", e["p99"], "ms")
+        if "against" in e:
+            row(f"  p50, SDK of {e['against']['sdk']}", e["against"]["p50"], "ms")
+            row(f"  p99, SDK of {e['against']['sdk']}", e["against"]["p99"], "ms")
     if "latency" in res:
         row("enqueue->claim p50", res["latency"]["p50"], "ms", "latency_p50")
         row("enqueue->claim p99", res["latency"]["p99"], "ms", "latency_p99")
@@ -2263,7 +2443,10 @@ def table(report: dict[str, Any]) -> str:
         "CPU during the measured windows, in cores (median of runs; "
         f"{report['environment'].get('cpus')} cores = the whole machine):"
     )
-    phases = ("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "sdk", "latency")
+    phases = (
+        *("enqueue_single", "enqueue_batch", "e2e_single", "e2e_batched", "sdk", "natural"),
+        "latency",
+    )
     for name in (*phases, "scheduled", "capped", "push_fast", "push_slow", "ct_create", "ct_push"):
         if name in res:
             cores = res[name]["cores"]
@@ -2281,6 +2464,7 @@ def table(report: dict[str, Any]) -> str:
         "e2e_single",
         "e2e_batched",
         "sdk",
+        "natural",
         "push_fast",
         "push_slow",
         "ct_create",
@@ -2342,11 +2526,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
     p.add_argument(
         "--only",
-        default="enqueue,e2e,sdk,celery,latency,scheduled,capped,push,cloudtasks,fleet",
+        default="enqueue,e2e,sdk,natural,lone,celery,latency,scheduled,capped,push,cloudtasks,fleet",
         help=(
-            "comma-separated phases: enqueue, e2e, sdk, celery, latency, scheduled, capped, "
-            "push, cloudtasks, fleet "
-            "(default all)"
+            "comma-separated phases: enqueue, e2e, sdk, natural, lone, celery, latency, "
+            "scheduled, capped, push, cloudtasks, fleet (default all)"
         ),
     )
     p.add_argument("--window", type=float, default=3.0, help="measured seconds per run")
@@ -2364,6 +2547,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sdk-producers", type=int, default=8, help="SDK producer threads")
     p.add_argument("--sdk-workers", type=int, default=2, help="SDK Worker processes")
     p.add_argument("--sdk-concurrency", type=int, default=8, help="each SDK Worker's")
+    p.add_argument(
+        "--sdk-against",
+        metavar="DIR",
+        help="another checkout (a worktree of main, say): the natural and lone rows run "
+        "with its taskforge_client too, in turn with this one's (A B B A ...)",
+    )
     p.add_argument("--clients-ct", type=int, default=8, help="CreateTask threads (cloudtasks)")
     p.add_argument("--ct-backlog", type=int, default=8000, help="tasks per delivery run")
     p.add_argument("--fleet", type=int, default=1000, help="idle long-polling workers")
@@ -2392,8 +2581,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
     known = {
-        *("enqueue", "e2e", "sdk", "celery", "latency", "scheduled", "capped", "push"),
-        *("cloudtasks", "fleet"),
+        *("enqueue", "e2e", "sdk", "natural", "lone", "celery", "latency", "scheduled"),
+        *("capped", "push", "cloudtasks", "fleet"),
     }
     unknown = args.phases - known
     if unknown:
@@ -2425,6 +2614,10 @@ def run_phases(bench: Bench, args: argparse.Namespace, profile: bool) -> dict[st
         results["e2e_batched"] = bench.phase_e2e(True, args.runs, profile)
     if "sdk" in args.phases:
         results["sdk"] = bench.phase_sdk(args.runs)
+    if "natural" in args.phases:
+        results["natural"] = bench.phase_sdk(args.runs, batcher=False)
+    if "lone" in args.phases:
+        results["lone"] = bench.phase_lone(args.runs)
     if "celery" in args.phases:
         results["celery"] = bench.phase_celery(args.runs)
     if "latency" in args.phases:

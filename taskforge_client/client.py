@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from taskforge_client.batching import EnqueueBatcher
+from taskforge_client.batching import EnqueueBatcher, EnqueueLanes, Enqueues
 from taskforge_client.errors import TaskForgeError
 from taskforge_client.http import Http, RetryPolicy
 from taskforge_client.http import segment as _q
@@ -40,10 +40,38 @@ class TaskForge(Http):
         retries: how many times an idempotent call is repeated after a network error or 503.
         backoff_base, backoff_max: the retry backoff (seconds), see `RetryPolicy`.
         maxsize: connections kept open to the server (size of the pool).
+        coalesce: `enqueue` and `enqueue_many` calls made from several threads while a
+            request of this client to the same queue is in flight wait for it and go
+            together as the next request (one batch enqueue), each call still answered
+            on its own; a call made while none is in flight goes out at once. False:
+            every call is a request of its own.
 
     Every method raises a `TaskForgeError` subclass on failure. The client is safe to share
     between threads; `close()` (or a `with` block) releases its connections.
     """
+
+    def __init__(
+        self,
+        url: str,
+        api_key: str,
+        *,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff_base: float = 0.2,
+        backoff_max: float = 5.0,
+        maxsize: int = 10,
+        coalesce: bool = True,
+    ) -> None:
+        super().__init__(
+            url,
+            api_key,
+            timeout=timeout,
+            retries=retries,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            maxsize=maxsize,
+        )
+        self._lanes = EnqueueLanes(self) if coalesce else None
 
     def create_queue(
         self,
@@ -160,30 +188,45 @@ class TaskForge(Http):
             idempotency_key: a second enqueue with the same key in this queue returns the
                 first task instead of adding one; only keyed enqueues are retried.
             max_retries: overrides the queue's.
+
+        Called from several threads at once, calls coalesce (see the class's `coalesce`):
+        the answer and the errors are this call's own all the same.
         """
         spec = TaskSpec(payload, priority, delay, at, idempotency_key, max_retries)
-        answer = self.request(
-            "POST",
-            f"/queues/{_q(queue)}/tasks",
-            spec.body(),
-            idempotent=idempotency_key is not None,
-        )
-        return Task.from_dict(answer)
+        task: Task = self._enqueue(queue, Enqueues.one(spec))
+        return task
 
     def enqueue_many(self, queue: str, tasks: Iterable[TaskSpec | Mapping[str, Any]]) -> list[Task]:
         """Add 1..1000 tasks in one call (all or nothing); results keep the order.
 
         Items are `TaskSpec`s or mappings with `TaskSpec`'s fields. The call is retried
-        only when every item has an idempotency key.
+        only when every item has an idempotency key. It may go in one request with other
+        threads' calls (see the class's `coalesce`), all or nothing still for its own tasks.
         """
         specs = [t if isinstance(t, TaskSpec) else TaskSpec(**t) for t in tasks]
         if not specs:
             return []
+        added: list[Task] = self._enqueue(queue, Enqueues.of(specs))
+        return added
+
+    def _enqueue(self, queue: str, call: Enqueues) -> Any:
+        if self._lanes is None:
+            return self._enqueue_call(queue, call)
+        return self._lanes.call(queue, call)
+
+    def _enqueue_call(self, queue: str, call: Enqueues) -> Any:
+        """One enqueue request as the call would make it on its own: an enqueue's through
+        the single endpoint, an enqueue_many's (or joined calls') through the batch one."""
+        if not call.many:
+            answer = self.request(
+                "POST", f"/queues/{_q(queue)}/tasks", data=call.encoded, idempotent=call.keyed
+            )
+            return Task.from_dict(answer)
         answer = self.request(
             "POST",
             f"/queues/{_q(queue)}/tasks/batch",
-            {"tasks": [s.body() for s in specs]},
-            idempotent=all(s.idempotency_key is not None for s in specs),
+            data=b'{"tasks":[' + call.encoded + b"]}",
+            idempotent=call.keyed,
         )
         return [Task.from_dict(t) for t in answer["results"]]
 

@@ -100,11 +100,13 @@ class Http:
         params: Mapping[str, Any] | None = None,
         idempotent: bool | None = None,
         timeout: float | None = None,
+        data: bytes | None = None,
     ) -> Any:
         """One API call; returns the decoded JSON answer (None for 204).
 
         `idempotent` defaults to True for GET, PUT, PATCH and DELETE; only idempotent calls
-        are retried (network errors and 503).
+        are retried (network errors and 503).  `data`: the body already encoded as JSON
+        (instead of `body`).
         """
         if idempotent is None:
             idempotent = method in ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -113,10 +115,10 @@ class Http:
             query = {k: _param(v) for k, v in params.items() if v is not None}
             if query:
                 url += "?" + urllib.parse.urlencode(query)
-        data = None
         headers = dict(self._headers)  # per-request headers replace the pool's, so all here
         if body is not None:
-            data = json.dumps(body, separators=(",", ":")).encode()
+            data = encode(body)
+        if data is not None:
             headers["Content-Type"] = "application/json"
         read_timeout = self.timeout if timeout is None else timeout
         attempts = self.retry_policy.retries + 1 if idempotent else 1
@@ -204,6 +206,11 @@ def key_in_argv_warning(argv: list[str] | None) -> str | None:
             "set TASKFORGE_API_KEY instead"
         )
     return None
+
+
+def encode(body: Any) -> bytes:
+    """A request body as compact JSON."""
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def segment(segment: str) -> str:

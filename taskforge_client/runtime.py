@@ -1,9 +1,10 @@
 """`Worker`: runs a handler for each task claimed from TaskForge queues.
 
 A worker long-polls `/workers/claim` for as many tasks as it has free slots, runs the
-handler for each in a pool of `concurrency` threads, heartbeats every running task (one
-`heartbeat/batch` call per round), acks with the handler's return value and nacks with
-the exception's text. `Permanent` skips the retries; `RetryAfter(seconds)` picks the delay.
+handler for each in a pool of `concurrency` threads, heartbeats the running tasks whose
+lease is due for it (one `heartbeat/batch` call for all of them), acks with the handler's
+return value (through `ack/batch`) and nacks with the exception's text. `Permanent` skips
+the retries; `RetryAfter(seconds)` picks the delay.
 
 On SIGTERM or SIGINT it stops claiming, lets running handlers finish within
 `grace_seconds`, nacks (for a retry) those still running after that, and returns. Network
@@ -69,8 +70,9 @@ class _Running:
     lost: bool = False  # lease lost or given up: the outcome is not reported
     # The handler has returned: the ack or nack is decided (and being sent).
     finishing: bool = False
-    reported: threading.Event = field(default_factory=threading.Event)
     lease_seconds: float | None = None
+    # When its lease was last extended (claimed, or a heartbeat sent), time.monotonic().
+    beat_at: float = field(default_factory=time.monotonic)
 
 
 def _default_worker_id() -> str:
@@ -103,8 +105,9 @@ class Worker:
         concurrency: handlers running at once (threads).
         worker_id: this worker's name (default: host:pid:random).
         grace_seconds: after a stop request, how long running handlers may take.
-        heartbeat_interval: seconds between heartbeat rounds; shortened to a third of the
-            lease the server grants when that is shorter.
+        heartbeat_interval: seconds between two heartbeats of a task; shortened to a third
+            of the lease the server grants when that is shorter.  A task is heartbeated
+            only once it is due, in one `heartbeat/batch` call with the others due then.
         wait_seconds: the claim long-poll (0..30).
         ack_linger: how long an ack waits for others to go in the same `ack/batch` call.
             The slot is free meanwhile: the next claim does not wait for the ack.
@@ -257,14 +260,20 @@ class Worker:
                     run = _Running(task, time.monotonic())
                     self._nack(run, "worker stopping: task handed back unstarted", retry_after=0)
                 return
-            for task in tasks:
-                run = _Running(task, time.monotonic(), lease_seconds=_lease_seconds(task))
-                with self._lock:
-                    self._running[task.id] = run
-                    self._busy += 1
+            if not tasks:
+                continue
+            runs = [_Running(t, time.monotonic(), lease_seconds=_lease_seconds(t)) for t in tasks]
+            with self._lock:
+                for run in runs:
+                    self._running[run.task.id] = run
+                self._busy += len(runs)
+            if log.isEnabledFor(logging.INFO):
                 log.info(
-                    "claimed task %s (queue %s, attempt %d)", task.id, task.queue, task.attempts
+                    "claimed %d tasks: %s",
+                    len(tasks),
+                    ", ".join(f"{t.id} ({t.queue}, attempt {t.attempts})" for t in tasks),
                 )
+            for run in runs:
                 self._inbox.put(run)
 
     def _free(self) -> int:
@@ -281,17 +290,23 @@ class Worker:
                 acking = self._execute(run)
             finally:
                 with self._slots:
+                    # The claim loop waits for a free slot, then (claim_linger) for
+                    # the other handlers to return: wake it for those only.
+                    full = self._free() <= 0
                     self._busy -= 1
-                    self._slots.notify_all()
+                    if full or not self._busy:
+                        self._slots.notify_all()
                 if not acking:
                     self._finished(run)
 
     def _finished(self, run: _Running) -> None:
         """The task's outcome is answered (or given up): it leaves the worker."""
         with self._slots:
+            full = self._free() <= 0
             self._running.pop(run.task.id, None)
-            self._slots.notify_all()
-        run.reported.set()
+            # Waiting on it: a claim loop out of slots, or the drain.
+            if full or self._stop.is_set():
+                self._slots.notify_all()
 
     def _execute(self, run: _Running) -> bool:
         """Run the handler and report its outcome; True when an ack is on its way."""
@@ -386,33 +401,35 @@ class Worker:
             self.failed += 1
             log.info("task %s nacked (retry=%s)", task.id, retry)
 
-    def _interval(self) -> float:
-        with self._lock:
-            leases = [r.lease_seconds for r in self._running.values() if r.lease_seconds]
-        shortest = min(leases) if leases else None
-        if shortest is None:
+    def _interval(self, run: _Running) -> float:
+        """Seconds between two heartbeats of this task: `heartbeat_interval`, or a third
+        of its lease when that is shorter."""
+        if not run.lease_seconds:
             return self.heartbeat_interval
-        return max(0.1, min(self.heartbeat_interval, shortest / 3))
+        return max(0.1, min(self.heartbeat_interval, run.lease_seconds / 3))
 
     def _heartbeat_loop(self) -> None:
-        last_round = time.monotonic()
         while True:
             time.sleep(0.1)
-            # Recomputed each tick: a task with a short lease may have just arrived.
-            if time.monotonic() - last_round < self._interval():
-                continue
-            last_round = time.monotonic()
             self._heartbeat_round()
 
     def _heartbeat_round(self) -> None:
-        """Extend the leases of the tasks whose handler still runs, 100 a call.
+        """Extend the leases that are due, 100 a call; nothing when none is.
 
-        A task whose handler has returned is left out: its ack or nack is on
-        its way, and a heartbeat that crosses it (answered `lease_lost`, the
-        task being done already) says nothing about the outcome.
+        A task is due once its interval has passed since its lease was last extended.
+        A call that goes out also takes the tasks past half their interval, so that
+        tasks claimed together go on being heartbeated together, not one call each.
+        A task whose handler has returned is left out: its ack or nack is on its way,
+        and a heartbeat that crosses it (answered `lease_lost`, the task being done
+        already) says nothing about the outcome.
         """
+        now = time.monotonic()
         with self._lock:
-            runs = [r for r in self._running.values() if not r.lost and not r.finishing]
+            live = [r for r in self._running.values() if not r.lost and not r.finishing]
+        ages = [(run, (now - run.beat_at) / self._interval(run)) for run in live]
+        if not any(age >= 1 for _, age in ages):
+            return
+        runs = [run for run, age in ages if age >= 0.5]
         for start in range(0, len(runs), 100):
             chunk = runs[start : start + 100]
             try:
@@ -423,8 +440,11 @@ class Worker:
                 log.warning("heartbeat of %d tasks failed: %s", len(chunk), exc)
                 continue
             for run, res in zip(chunk, results, strict=False):
-                if res.ok or run.finishing:
-                    continue  # finishing: the handler returned while this call was out
+                if res.ok:
+                    run.beat_at = now
+                    continue
+                if run.finishing:
+                    continue  # the handler returned while this call was out
                 if res.error_code == "lease_lost":
                     run.lost = True
                     log.warning(

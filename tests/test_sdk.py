@@ -717,6 +717,7 @@ def test_heartbeat_crossing_an_ack_is_not_a_lost_lease(
     worker = Worker(service.base_url, keys.worker, queues=[name], handler=sdk_handlers.double)
     [task] = worker.client.claim(worker.worker_id, [name], max_tasks=1, wait_seconds=5)
     run = runtime._Running(task, time.monotonic())
+    run.beat_at -= worker.heartbeat_interval  # due for a heartbeat
     worker._running[task.id] = run
 
     class AckLandsFirst(TaskForge):
@@ -737,6 +738,51 @@ def test_heartbeat_crossing_an_ack_is_not_a_lost_lease(
     assert not run.lost
     assert "lease lost" not in caplog.text
     assert producer.get_task(name, task.id).status == "done"
+
+
+def test_worker__heartbeats_only_the_tasks_that_are_due(
+    admin: TaskForge, producer: TaskForge, keys: Keys, service: Service
+) -> None:
+    """Issue 34: a round heartbeated every running task, a task claimed a moment before
+    included; now only the due ones go, and those past half their interval with them."""
+    from taskforge_client import runtime
+
+    name = qname()
+    admin.create_queue(name)
+    producer.enqueue_many(name, [TaskSpec({"n": 1}), TaskSpec({"n": 2})])
+    worker = Worker(service.base_url, keys.worker, queues=[name], handler=sdk_handlers.double)
+    sent: list[list[str]] = []
+    heartbeat_batch = worker.client.heartbeat_batch
+
+    def recording(worker_id: str, items: Any) -> Any:
+        items = list(items)
+        sent.append([task_id for task_id, _ in items])
+        return heartbeat_batch(worker_id, items)
+
+    worker.client.heartbeat_batch = recording  # type: ignore[method-assign]
+    try:
+        tasks = worker.client.claim(worker.worker_id, [name], max_tasks=2, wait_seconds=5)
+        old, new = (runtime._Running(t, time.monotonic(), lease_seconds=2.0) for t in tasks)
+        for run in (old, new):
+            worker._running[run.task.id] = run
+        interval = worker._interval(old)
+        assert interval == pytest.approx(2.0 / 3)
+        old.beat_at -= interval
+        worker._heartbeat_round()
+        assert sent == [[old.task.id]]
+        # The claim set both heartbeat_at; the round moved the old one's only.
+        old_beat = producer.get_task(name, old.task.id).heartbeat_at
+        assert producer.get_task(name, new.task.id).heartbeat_at == new.task.heartbeat_at
+        assert old_beat is not None and old.task.heartbeat_at is not None
+        assert old_beat > old.task.heartbeat_at
+        worker._heartbeat_round()  # nothing due: no call
+        assert len(sent) == 1
+        old.beat_at -= interval
+        new.beat_at -= interval * 0.6  # not due, but past half: it goes along
+        worker._heartbeat_round()
+        assert sent[1:] == [[old.task.id, new.task.id]]
+    finally:
+        worker.client.close()
 
 
 # -- batching ------------------------------------------------------------------------------
