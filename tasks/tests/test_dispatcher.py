@@ -166,24 +166,29 @@ def test_wait__a_burst_of_notifies_is_gathered_into_one_pass(
 ) -> None:
     """Every enqueue into a queue with a backlog NOTIFYs; while they come in a burst, one
     wake-up serves those of the next moment too. A lone NOTIFY is served at once."""
-    monkeypatch.setattr(dispatcher, "GATHER_SECONDS", 0.5)
+    # Whether the last wake-up was recent is the test's choice, not the clock's: "recent"
+    # is the whole test long (a loaded machine took more than 50 ms to connect and send).
+    monkeypatch.setattr(dispatcher, "BURST_SECONDS", 60.0 if burst else 0.0)
+    monkeypatch.setattr(dispatcher, "GATHER_SECONDS", 2.0)
     loop = DispatcherLoop()
     loop._next_full_pass = time.monotonic() + 60
     loop.wait(0.01)  # LISTEN before anything is sent
     loop._last_wake = time.monotonic() if burst else 0.0
+    # A connection of its own in autocommit: each NOTIFY is sent at once.
+    conn = pg.connect_own(autocommit=True)
 
     def send() -> None:
-        # A connection of its own in autocommit: each NOTIFY is sent at once.
-        with pg.connect_own(autocommit=True) as conn:
-            conn.execute("SELECT pg_notify(%s, 'q1')", [DISPATCH_CHANNEL])
-            # Inside the gathering window, or well after a lone wake-up was served
-            # (a loaded machine may take more than 0.1 s to serve it).
-            time.sleep(0.1 if burst else 1.5)
-            conn.execute("SELECT pg_notify(%s, 'q2')", [DISPATCH_CHANNEL])
+        conn.execute("SELECT pg_notify(%s, 'q1')", [DISPATCH_CHANNEL])
+        # Inside the gathering window, or well after a lone wake-up was served.
+        time.sleep(0.1 if burst else 1.5)
+        conn.execute("SELECT pg_notify(%s, 'q2')", [DISPATCH_CHANNEL])
 
     sender = threading.Thread(target=send)
-    sender.start()
-    loop.wait(5.0)
-    sender.join()
+    try:
+        sender.start()
+        loop.wait(5.0)
+        sender.join()
+    finally:
+        conn.close()
     assert loop._woken == expected
     loop._listener.reset()
