@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from queues.api.lookup import QueueLookupMixin, queue_named
 from queues.models import Queue
+from taskforge import tracing
 from taskforge.api.hot import Answer, HotView
 from taskforge.api.middleware import SINGLE_TASK
 from taskforge.api.models import ApiKey
@@ -126,7 +127,8 @@ class TaskListView(EnqueueView):
 
     @staticmethod
     def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
-        [result] = services.enqueue(context["queue"], [to_spec(data)])
+        trace = tracing.from_headers(request.META)
+        [result] = services.enqueue(context["queue"], [to_spec(data, trace)])
         return (
             enqueued_to_dict(result),
             status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
@@ -157,7 +159,10 @@ class TaskBatchView(EnqueueView):
 
     @staticmethod
     def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
-        results = services.enqueue(context["queue"], [to_spec(item) for item in data["tasks"]])
+        trace = tracing.from_headers(request.META)
+        results = services.enqueue(
+            context["queue"], [to_spec(item, trace) for item in data["tasks"]]
+        )
         created = any(result.created for result in results)
         return (
             {"results": [enqueued_to_dict(result) for result in results]},
