@@ -24,11 +24,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from taskforge_client.errors import ConnectionFailed, Invalid, ServerError
 from taskforge_client.models import BatchResult, Task, TaskSpec
+from taskforge_client.tracing import current_context
 
 log = logging.getLogger("taskforge_client.batching")
 
@@ -166,6 +167,15 @@ class EnqueueBatcher(_Coalescer):
     def enqueue(self, queue: str, payload: Any, **options: Any) -> Task:
         spec = TaskSpec(payload, **options)
         spec.body()  # a spec the API would refuse fails here, in the caller's thread
+        if spec.traceparent is None:
+            # The caller's span, taken in its own thread: each item of a batch keeps its own.
+            context = current_context()
+            if "traceparent" in context:
+                spec = replace(
+                    spec,
+                    traceparent=context["traceparent"],
+                    tracestate=context.get("tracestate"),
+                )
         task: Task = self.submit(queue, spec)
         return task
 

@@ -26,6 +26,7 @@ from taskforge_client.models import (
     TaskSpec,
     format_time,
 )
+from taskforge_client.tracing import current_context
 
 _UNSET: Any = object()
 
@@ -149,6 +150,9 @@ class TaskForge(Http):
             idempotency_key: a second enqueue with the same key in this queue returns the
                 first task instead of adding one; only keyed enqueues are retried.
             max_retries: overrides the queue's.
+
+        With opentelemetry-api installed, the task carries the current span's context
+        (`traceparent`), and the worker's handler span continues that trace.
         """
         spec = TaskSpec(payload, priority, delay, at, idempotency_key, max_retries)
         answer = self.request(
@@ -156,6 +160,7 @@ class TaskForge(Http):
             f"/queues/{_q(queue)}/tasks",
             spec.body(),
             idempotent=idempotency_key is not None,
+            headers=current_context(),
         )
         return Task.from_dict(answer)
 
@@ -163,7 +168,8 @@ class TaskForge(Http):
         """Add 1..1000 tasks in one call (all or nothing); results keep the order.
 
         Items are `TaskSpec`s or mappings with `TaskSpec`'s fields. The call is retried
-        only when every item has an idempotency key.
+        only when every item has an idempotency key.  Items without a `traceparent` of
+        their own carry the current span's context (opentelemetry-api installed).
         """
         specs = [t if isinstance(t, TaskSpec) else TaskSpec(**t) for t in tasks]
         if not specs:
@@ -173,6 +179,7 @@ class TaskForge(Http):
             f"/queues/{_q(queue)}/tasks/batch",
             {"tasks": [s.body() for s in specs]},
             idempotent=all(s.idempotency_key is not None for s in specs),
+            headers=current_context(),
         )
         return [Task.from_dict(t) for t in answer["results"]]
 

@@ -100,11 +100,12 @@ class Http:
         params: Mapping[str, Any] | None = None,
         idempotent: bool | None = None,
         timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         """One API call; returns the decoded JSON answer (None for 204).
 
         `idempotent` defaults to True for GET, PUT, PATCH and DELETE; only idempotent calls
-        are retried (network errors and 503).
+        are retried (network errors and 503).  `headers` are sent besides the client's own.
         """
         if idempotent is None:
             idempotent = method in ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -114,10 +115,12 @@ class Http:
             if query:
                 url += "?" + urllib.parse.urlencode(query)
         data = None
-        headers = dict(self._headers)  # per-request headers replace the pool's, so all here
+        sent = dict(self._headers)  # per-request headers replace the pool's, so all here
+        if headers:
+            sent.update(headers)
         if body is not None:
             data = json.dumps(body, separators=(",", ":")).encode()
-            headers["Content-Type"] = "application/json"
+            sent["Content-Type"] = "application/json"
         read_timeout = self.timeout if timeout is None else timeout
         attempts = self.retry_policy.retries + 1 if idempotent else 1
         for attempt in range(attempts):
@@ -128,7 +131,7 @@ class Http:
                     method,
                     url,
                     body=data,
-                    headers=headers,
+                    headers=sent,
                     timeout=urllib3.Timeout(connect=self.timeout, read=read_timeout),
                     redirect=False,
                 )
