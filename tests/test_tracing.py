@@ -319,6 +319,30 @@ def test_lease_expired__its_span_hangs_under_the_dispatch(
     assert _one(spans, f"taskforge.enqueue {queue}").parent_id == parent_id
 
 
+def test_cloud_tasks__a_created_task_keeps_its_requests_context(
+    service: Service, keys: Keys, receiver: Receiver
+) -> None:
+    """CreateTask's traceparent is the task's (API-cloudtasks.md tasks are tasks); its HTTP
+    target gets the dispatch span's, with the request's tracestate."""
+    trace_id, parent_id = "5bf92f3577b34da6a3ce929d0e0e4736", "10f067aa0ba902b7"
+    v2 = "/v2/projects/p/locations/l"
+    with Target() as target, TaskForge(service.base_url, keys.admin) as admin:
+        admin.request("POST", f"{v2}/queues", {"name": f"{v2[4:]}/queues/traced-ct"})
+        admin.request(
+            "POST",
+            f"{v2}/queues/traced-ct/tasks",
+            {"task": {"httpRequest": {"url": target.url("/ct"), "httpMethod": "POST"}}},
+            headers={"traceparent": f"00-{trace_id}-{parent_id}-01", "tracestate": "ct=1"},
+        )
+        [request] = _wait(lambda: list(target.requests), 30, "the delivery")
+    spans = receiver.wait_for(trace_id, lambda spans: "taskforge.ack" in names(spans))
+    dispatch = _one(spans, "taskforge.dispatch traced-ct")
+    assert request.header("traceparent") == f"00-{trace_id}-{dispatch.span_id}-01"
+    assert request.header("tracestate") == "ct=1"
+    assert _one(spans, "taskforge.enqueue traced-ct").parent_id == parent_id
+    assert _one(spans, "taskforge.ack").parent_id == dispatch.span_id
+
+
 VALID = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 # Each of these is ignored, with its tracestate: the enqueue answers as without it.
 BAD_TRACEPARENTS = [
