@@ -9,22 +9,20 @@ Two parts, the first always on, the second only when configured:
   they came; a push request carries `push_context`'s (the task's trace, whose
   parent is the attempt's dispatch span); a schedule's task starts a trace of
   its own (`scheduled`).
-- **Spans.** With `OTEL_EXPORTER_OTLP_ENDPOINT` or
-  `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` set (and neither `OTEL_SDK_DISABLED=true`
-  nor `OTEL_TRACES_EXPORTER=none`), every process exports its spans through
-  the OpenTelemetry SDK's batch processor and OTLP/HTTP exporter, which read
-  the other standard variables themselves (`OTEL_EXPORTER_OTLP_HEADERS`,
-  `OTEL_BSP_SCHEDULE_DELAY`, ...; `OTEL_SERVICE_NAME` defaults to
-  `taskforge`; `OTEL_TRACES_SAMPLER`).  `ENABLED` is read once, at import; each
-  call site checks it before doing any tracing work, so with the variables
-  unset the SDK is never imported and no connection is opened.
+- **Spans.** With `OTEL_EXPORTER_OTLP_ENDPOINT` or `..._TRACES_ENDPOINT` set
+  (and neither `OTEL_SDK_DISABLED=true` nor `OTEL_TRACES_EXPORTER=none`), every
+  process exports its spans with the OpenTelemetry SDK's resource, sampler and
+  OTLP/HTTP exporter, which read the other standard variables themselves.
+  `ENABLED` is read once, at import; each call site checks it first, so with
+  the variables unset the SDK is never imported and no connection is opened.
 
-Spans are built from the rows a statement returned, after it ran (one
-`ReadableSpan` per task handed to the batch processor; no tracer, no context
-switch per task).  A task's spans live in several processes (the enqueue in
-one API process, the hand-out in another, the ack in a third, a push process,
-the watchdog) and each names its parent, so instead of writing span ids to the
-task's row every process derives them from what it knows:
+Spans are made from the rows a statement returned, after it ran: the request
+thread hands the batch's tasks over in one step, and a thread of the process
+(`_Pipeline`) writes a span per task straight into an OTLP request
+(`taskforge.lib.otlp`; the SDK's span objects and encoder cost too much per
+task: `taskforge.lib.internals`).  A task's spans live in several processes
+(enqueue, hand-out, ack, a push process, the watchdog) and each names its
+parent, so every process derives the span ids from what it knows:
 
 - the trace: the `traceparent`'s trace id, or without one a hash of the task
   id (a task enqueued without context starts its own trace);
@@ -43,7 +41,9 @@ and its spans are exported all or none.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
+import logging
 import os
 import random
 import re
@@ -53,13 +53,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from django.db import transaction
 
-if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.trace import SpanContext
+from taskforge.lib import internals, otlp
+
+logger = logging.getLogger(__name__)
 
 
 def _configured(env: Mapping[str, str]) -> bool:
@@ -147,23 +147,30 @@ class Traced(Protocol):
     def queue(self) -> Any: ...  # its `.name`
 
 
-def _digest(task_id: Any, label: bytes, size: int) -> int:
+def _digest(task_id: Any, label: bytes, size: int) -> bytes:
     raw = task_id.bytes if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id)).bytes
-    value = int.from_bytes(hashlib.blake2b(raw + label, digest_size=size).digest(), "big")
-    return value or 1  # an all-zero id is invalid
+    value = hashlib.blake2b(raw + label, digest_size=size).digest()
+    return value if any(value) else b"\x01".rjust(size, b"\x00")  # all zeros is invalid
 
 
-def _trace_id(task_id: Any, traceparent: str | None) -> int:
+_ids = random.Random()  # outcome spans' ids: nothing names them, nothing guesses them
+
+
+def _random_id() -> bytes:
+    return (_ids.getrandbits(64) or 1).to_bytes(8, "big")  # nosec B311 - an id, not a secret
+
+
+def _trace_of(task_id: Any, traceparent: str | None) -> bytes:
     if traceparent is not None:
-        return int(traceparent[3:35], 16)
+        return bytes.fromhex(traceparent[3:35])
     return _digest(task_id, b"trace", 16)
 
 
-def _enqueue_span_id(task_id: Any) -> int:
+def _enqueue_span(task_id: Any) -> bytes:
     return _digest(task_id, b"enqueue", 8)
 
 
-def _dispatch_span_id(task_id: Any, attempt: int) -> int:
+def _dispatch_span(task_id: Any, attempt: int) -> bytes:
     return _digest(task_id, b"dispatch" + attempt.to_bytes(4, "big"), 8)
 
 
@@ -178,10 +185,10 @@ def push_context(
     """
     if not ENABLED:
         return traceparent, tracestate
-    trace_id = _trace_id(task_id, traceparent)
-    sampled = _exporter().sampled(trace_id, _parent_of(traceparent))
-    span_id = _dispatch_span_id(task_id, attempt)
-    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}", tracestate
+    trace_id = _trace_of(task_id, traceparent)
+    sampled = _pipeline().sampled(trace_id, traceparent)
+    span_id = _dispatch_span(task_id, attempt)
+    return f"00-{trace_id.hex()}-{span_id.hex()}-{'01' if sampled else '00'}", tracestate
 
 
 def scheduled(queue: str, schedule: str) -> str:
@@ -190,31 +197,20 @@ def scheduled(queue: str, schedule: str) -> str:
     Exporting, its parent is a `taskforge.schedule <queue>` span (the trace's
     root), exported when sampled; otherwise a parent no process exports.
     """
-    trace_id = int.from_bytes(secrets.token_bytes(16), "big") or 1
-    span_id = int.from_bytes(secrets.token_bytes(8), "big") or 1
+    trace_id, span_id = secrets.token_bytes(16), secrets.token_bytes(8)
     sampled = True
     if ENABLED:
-        exporter = _exporter()
-        sampled = exporter.sampled(trace_id, None)
+        pipeline = _pipeline()
+        sampled = pipeline.sampled(trace_id, None)
         if sampled:
             now = time.time_ns()
-            attributes = {
-                "messaging.system": SYSTEM,
-                "messaging.destination.name": queue,
-                "taskforge.schedule": schedule,
-            }
-            exporter.emit(
-                [
-                    exporter.span(
-                        f"taskforge.schedule {queue}", trace_id, span_id, None, attributes, now, now
-                    )
-                ]
-            )
-    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
+            pipeline.add(_schedule_spans, [(trace_id, span_id, queue, schedule)], now, now, {})
+    return f"00-{trace_id.hex()}-{span_id.hex()}-{'01' if sampled else '00'}"
 
 
-def after_commit(record: Callable[..., None], tasks: Sequence[Traced], start_ns: int,
-                 **options: Any) -> None:  # fmt: skip
+def after_commit(
+    record: Callable[..., None], tasks: Sequence[Any], start_ns: int, **options: Any
+) -> None:
     """`record(tasks, start_ns, <commit time>, **options)` once the caller's transaction
     commits (at once in autocommit): the spans of moves that stood.  Nothing while not
     exporting."""
@@ -229,48 +225,32 @@ def now_ns() -> int:
 
 
 # -- spans (ENABLED only) --
+#
+# Each call below hands its tasks to this process's pipeline as one record, in
+# O(1): the spans are made from them in the pipeline's thread (`_Pipeline`).
 
 
 def enqueued(tasks: Sequence[Traced], start_ns: int, end_ns: int) -> None:
     """One `taskforge.enqueue <queue>` per new task, child of its enqueue's `traceparent`."""
-    exporter = _exporter()
-    spans = []
-    for task in tasks:
-        parent = _parent_of(task.traceparent)
-        trace_id = _trace_id(task.pk, task.traceparent)
-        if not exporter.sampled(trace_id, parent):
-            continue
-        queue = task.queue.name
-        spans.append(
-            exporter.span(
-                f"taskforge.enqueue {queue}",
-                trace_id,
-                _enqueue_span_id(task.pk),
-                parent,
-                {
-                    "messaging.system": SYSTEM,
-                    "messaging.destination.name": queue,
-                    "messaging.message.id": str(task.pk),
-                    "messaging.operation.type": "create",
-                },
-                start_ns,
-                end_ns,
-                kind="producer",
-            )
-        )
-    exporter.emit(spans)
+    _pipeline().add(_task_spans, tasks, start_ns, end_ns, {"stage": "enqueue"})
 
 
 def dispatched(tasks: Sequence[Traced], start_ns: int, end_ns: int) -> None:
     """One `taskforge.dispatch <queue>` per task a claim handed out (this attempt)."""
-    exporter = _exporter()
-    exporter.emit(
-        [
-            span
-            for task in tasks
-            if (span := exporter.child(task, "dispatch", start_ns, end_ns)) is not None
-        ]
-    )
+    _pipeline().add(_task_spans, tasks, start_ns, end_ns, {"stage": "dispatch"})
+
+
+# The outcome spans' names (API.md).
+ACK = "ack"
+NACK = "nack"
+LEASE_EXPIRED = "lease_expired"
+
+
+def settled(
+    tasks: Sequence[Traced], start_ns: int, end_ns: int, *, outcome: str, error: str | None = None
+) -> None:
+    """One `taskforge.<outcome>` per task, child of its attempt's dispatch span."""
+    _pipeline().add(_task_spans, tasks, start_ns, end_ns, {"stage": outcome, "error": error})
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,192 +268,219 @@ class Push:
 
 def pushed(pushes: Iterable[Push]) -> None:
     """One `taskforge.dispatch <queue>` per push request, from hand-out to answer."""
-    exporter = _exporter()
-    spans = []
-    for push in pushes:
-        parent = _parent_of(push.traceparent)
-        trace_id = _trace_id(push.task_id, push.traceparent)
-        if not exporter.sampled(trace_id, parent):
-            continue
-        spans.append(
-            exporter.span(
-                f"taskforge.dispatch {push.queue}",
-                trace_id,
-                _dispatch_span_id(push.task_id, push.attempt),
-                exporter.local(trace_id, _enqueue_span_id(push.task_id)),
-                {
-                    "messaging.system": SYSTEM,
-                    "messaging.destination.name": push.queue,
-                    "messaging.message.id": str(push.task_id),
-                    "messaging.operation.type": "send",
-                    "taskforge.attempt": push.attempt,
-                },
-                push.start_ns,
-                push.end_ns,
-                kind="client",
-                error=push.error,
-            )
-        )
-    exporter.emit(spans)
-
-
-# The outcome spans' names (API.md).
-ACK = "ack"
-NACK = "nack"
-LEASE_EXPIRED = "lease_expired"
-
-
-def settled(
-    tasks: Sequence[Traced], start_ns: int, end_ns: int, *, outcome: str, error: str | None = None
-) -> None:
-    """One `taskforge.<outcome>` per task, child of its attempt's dispatch span."""
-    exporter = _exporter()
-    exporter.emit(
-        [
-            span
-            for task in tasks
-            if (span := exporter.child(task, outcome, start_ns, end_ns, error=error)) is not None
-        ]
-    )
-
-
-def _parent_of(traceparent: str | None) -> SpanContext | None:
-    if traceparent is None:
-        return None
-    from opentelemetry.trace import SpanContext, TraceFlags
-
-    return SpanContext(
-        int(traceparent[3:35], 16),
-        int(traceparent[36:52], 16),
-        is_remote=True,
-        trace_flags=TraceFlags(int(traceparent[53:55], 16) & 1),
-    )
+    _pipeline().add(_push_spans, list(pushes), 0, 0, {})
 
 
 _ERROR_CHARS = 500
+# Each kind of span: its name (followed by the queue's, or not), kind and operation type.
+_STAGES = {
+    "enqueue": ("taskforge.enqueue", True, otlp.PRODUCER, "create"),
+    "dispatch": ("taskforge.dispatch", True, otlp.INTERNAL, "receive"),
+    "push": ("taskforge.dispatch", True, otlp.CLIENT, "send"),
+    ACK: ("taskforge.ack", False, otlp.INTERNAL, "settle"),
+    NACK: ("taskforge.nack", False, otlp.INTERNAL, "settle"),
+    LEASE_EXPIRED: ("taskforge.lease_expired", False, otlp.INTERNAL, "settle"),
+    "schedule": ("taskforge.schedule", True, otlp.INTERNAL, "create"),
+}
 
 
-class _Exporter:
-    """This process's span pipeline: the SDK's provider, sampler and batch processor."""
+def _task_spans(
+    p: _Pipeline,
+    tasks: Sequence[Traced],
+    start: int,
+    end: int,
+    *,
+    stage: str,
+    error: str | None = None,
+) -> list[bytes]:
+    """The spans of one stage (the enqueue, a hand-out, an outcome) of these tasks."""
+    spans = []
+    error = None if error is None else error[:_ERROR_CHARS]
+    for task in tasks:
+        traceparent = task.traceparent
+        attempt: int | None = task.attempts
+        trace_id = _trace_of(task.pk, traceparent)
+        if not p.sampled(trace_id, traceparent):
+            continue
+        remote = False
+        if stage == "enqueue":
+            span_id, attempt = _enqueue_span(task.pk), None
+            parent = None if traceparent is None else bytes.fromhex(traceparent[36:52])
+            remote = parent is not None
+        elif stage == "dispatch":
+            span_id, parent = _dispatch_span(task.pk, task.attempts), _enqueue_span(task.pk)
+        else:
+            span_id, parent = _random_id(), _dispatch_span(task.pk, task.attempts)
+        ids = (trace_id, span_id, parent, start, end)
+        spans.append(otlp.span(p.head(stage, task.queue.name), *ids, message_id=str(task.pk),
+                               attempt=attempt, error=error, remote_parent=remote))  # fmt: skip
+    return spans
+
+
+def _push_spans(p: _Pipeline, pushes: Sequence[Push], start: int, end: int) -> list[bytes]:
+    spans = []
+    for push in pushes:
+        trace_id = _trace_of(push.task_id, push.traceparent)
+        if not p.sampled(trace_id, push.traceparent):
+            continue
+        error = None if push.error is None else push.error[:_ERROR_CHARS]
+        ids = (_dispatch_span(push.task_id, push.attempt), _enqueue_span(push.task_id))
+        spans.append(otlp.span(p.head("push", push.queue), trace_id, *ids, push.start_ns,
+                               push.end_ns, message_id=str(push.task_id), attempt=push.attempt,
+                               error=error))  # fmt: skip
+    return spans
+
+
+def _schedule_spans(
+    p: _Pipeline, items: Sequence[tuple[bytes, bytes, str, str]], start: int, end: int
+) -> list[bytes]:
+    return [
+        otlp.span(
+            p.head("schedule", queue),
+            trace_id,
+            span_id,
+            None,
+            start,
+            end,
+            extra=otlp.span_attribute("taskforge.schedule", schedule),
+        )
+        for trace_id, span_id, queue, schedule in items
+    ]
+
+
+class _Pipeline:
+    """This process's spans: records queued by the request threads, made into spans and
+    sent by a thread of its own, with the SDK's resource (OTEL_SERVICE_NAME,
+    OTEL_RESOURCE_ATTRIBUTES), sampler (OTEL_TRACES_SAMPLER) and OTLP/HTTP exporter
+    (OTEL_EXPORTER_OTLP_*), and the batch processor's variables (OTEL_BSP_*): every
+    OTEL_BSP_SCHEDULE_DELAY ms, or as soon as OTEL_BSP_MAX_EXPORT_BATCH_SIZE spans wait,
+    at most OTEL_BSP_MAX_QUEUE_SIZE waiting (more are dropped, as the SDK's processor does).
+    """
 
     def __init__(self) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-        from opentelemetry.trace import SpanKind, TraceFlags
-        from opentelemetry.trace.status import Status, StatusCode
 
         self.pid = os.getpid()
         # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win over the default name.
-        self.resource = Resource.create({"service.name": DEFAULT_SERVICE_NAME})
-        # The provider reads OTEL_TRACES_SAMPLER(_ARG) and flushes at exit.
-        self.provider = TracerProvider(resource=self.resource)
-        self.processor = BatchSpanProcessor(OTLPSpanExporter())
-        self.provider.add_span_processor(self.processor)
-        self.sampler = self.provider.sampler
+        resource = Resource.create({"service.name": DEFAULT_SERVICE_NAME})
+        self.resource = otlp.resource_of(resource.attributes)
+        self.scope = otlp.scope_of("taskforge")
+        self.sampler = TracerProvider(resource=resource, shutdown_on_exit=False).sampler
         self.default_sampler = (
             self.sampler.get_description() == ParentBased(ALWAYS_ON).get_description()  # type: ignore[no-untyped-call]
         )
-        self.scope = InstrumentationScope("taskforge")
-        self.kinds = {
-            "internal": SpanKind.INTERNAL,
-            "producer": SpanKind.PRODUCER,
-            "client": SpanKind.CLIENT,
-        }
-        self.flags = TraceFlags(TraceFlags.SAMPLED)
-        self.status_class, self.error_code = Status, StatusCode.ERROR
+        self.exporter = OTLPSpanExporter()
+        self.delay = _env_int("OTEL_BSP_SCHEDULE_DELAY", 5000) / 1000
+        self.max_queue = _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 2048)
+        self.batch = max(1, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
+        self.dropped = 0
+        self._heads: dict[tuple[str, str], otlp.Head] = {}
+        self._records: list[tuple[Any, ...]] = []
+        self._count = 0
+        self._closing = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="taskforge-spans", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
 
-    def sampled(self, trace_id: int, parent: SpanContext | None) -> bool:
+    def add(
+        self,
+        build: Callable[..., list[bytes]],
+        items: Sequence[Any],
+        start_ns: int,
+        end_ns: int,
+        options: dict[str, Any],
+    ) -> None:
+        """Queue the spans of `items` (made later by `build`); dropped when full."""
+        count = len(items)
+        with self._cond:
+            if self._count + count > self.max_queue:
+                self.dropped += count
+                return
+            self._records.append((build, items, start_ns, end_ns, options))
+            self._count += count
+            if self._count >= self.batch:
+                self._cond.notify()
+
+    def sampled(self, trace_id: bytes, traceparent: str | None) -> bool:
         """The task's decision, as for its enqueue span (the module's docstring)."""
         if self.default_sampler:
-            return parent is None or parent.trace_flags.sampled
+            return traceparent is None or bool(int(traceparent[53:55], 16) & 1)
         from opentelemetry import trace
 
         context = None
-        if parent is not None:
+        if traceparent is not None:
+            parent = trace.SpanContext(
+                int(traceparent[3:35], 16),
+                int(traceparent[36:52], 16),
+                is_remote=True,
+                trace_flags=trace.TraceFlags(int(traceparent[53:55], 16) & 1),
+            )
             context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
-        result = self.sampler.should_sample(context, trace_id, "taskforge.enqueue")
+        number = int.from_bytes(trace_id, "big")
+        result = self.sampler.should_sample(context, number, "taskforge.enqueue")
         return bool(result.decision.is_sampled())  # type: ignore[no-untyped-call]
 
-    def local(self, trace_id: int, span_id: int) -> SpanContext:
-        from opentelemetry.trace import SpanContext
+    def head(self, stage: str, queue: str) -> otlp.Head:
+        """The name, kind and fixed attributes of a stage's spans in a queue, written once."""
+        head = self._heads.get((stage, queue))
+        if head is None:
+            name, with_queue, kind, operation = _STAGES[stage]
+            attributes = {
+                "messaging.system": SYSTEM,
+                "messaging.destination.name": queue,
+                "messaging.operation.type": operation,
+            }
+            head = otlp.Head.of(f"{name} {queue}" if with_queue else name, kind, attributes)
+            self._heads[(stage, queue)] = head
+        return head
 
-        return SpanContext(trace_id, span_id, is_remote=False, trace_flags=self.flags)
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._closing and self._count < self.batch:
+                    self._cond.wait(self.delay)
+                records, self._records, self._count = self._records, [], 0
+                closing = self._closing
+            if records:
+                self._export(records)
+            if closing:
+                return
 
-    def span(
-        self,
-        name: str,
-        trace_id: int,
-        span_id: int,
-        parent: SpanContext | None,
-        attributes: dict[str, Any],
-        start_ns: int,
-        end_ns: int,
-        *,
-        kind: str = "internal",
-        error: str | None = None,
-    ) -> ReadableSpan:
-        from opentelemetry.sdk.trace import ReadableSpan
+    def _export(self, records: list[tuple[Any, ...]]) -> None:
+        try:
+            spans: list[bytes] = []
+            for build, items, start_ns, end_ns, options in records:
+                spans += build(self, items, start_ns, end_ns, **options)
+            for at in range(0, len(spans), self.batch):
+                data = otlp.request(self.resource, self.scope, spans[at : at + self.batch])
+                internals.otlp_export(self.exporter, data)
+        except Exception:
+            logger.warning("tracing.export_failed", exc_info=True)
 
-        extra: dict[str, Any] = {}
-        if error is not None:
-            extra["status"] = self.status_class(self.error_code, error[:_ERROR_CHARS])
-        return ReadableSpan(
-            name=name,
-            context=self.local(trace_id, span_id),
-            parent=parent,
-            resource=self.resource,
-            attributes=attributes,
-            kind=self.kinds[kind],
-            instrumentation_scope=self.scope,
-            start_time=start_ns,
-            end_time=end_ns,
-            **extra,
-        )
-
-    def child(
-        self, task: Traced, what: str, start_ns: int, end_ns: int, *, error: str | None = None
-    ) -> ReadableSpan | None:
-        """The attempt's dispatch span (`what` "dispatch", a hand-out), or an outcome span."""
-        trace_id = _trace_id(task.pk, task.traceparent)
-        if not self.sampled(trace_id, _parent_of(task.traceparent)):
-            return None
-        queue = task.queue.name
-        attributes = {
-            "messaging.system": SYSTEM,
-            "messaging.destination.name": queue,
-            "messaging.message.id": str(task.pk),
-            "taskforge.attempt": task.attempts,
-        }
-        if what == "dispatch":
-            attributes["messaging.operation.type"] = "receive"
-            span_id = _dispatch_span_id(task.pk, task.attempts)
-            parent = self.local(trace_id, _enqueue_span_id(task.pk))
-            name = f"taskforge.dispatch {queue}"
-        else:
-            attributes["messaging.operation.type"] = "settle"
-            span_id = random.getrandbits(64) or 1  # nosec B311 - an id, not a secret
-            parent = self.local(trace_id, _dispatch_span_id(task.pk, task.attempts))
-            name = f"taskforge.{what}"
-        return self.span(name, trace_id, span_id, parent, attributes, start_ns, end_ns, error=error)
-
-    def emit(self, spans: Sequence[ReadableSpan]) -> None:
-        on_end = self.processor.on_end
-        for span in spans:
-            on_end(span)
-
-    def flush(self, timeout_millis: int = 5000) -> bool:
-        return bool(self.processor.force_flush(timeout_millis))
+    def close(self) -> None:
+        """Send what is queued (at exit), then stop the thread."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout=_env_int("OTEL_BSP_EXPORT_TIMEOUT", 30000) / 1000)
 
 
-_state: _Exporter | None = None
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "").strip() or default)
+    except ValueError:
+        return default
+
+
+_state: _Pipeline | None = None
 _state_lock = threading.Lock()
 
 
-def _exporter() -> _Exporter:
+def _pipeline() -> _Pipeline:
     """This process's pipeline, made on first use (a forked process makes its own)."""
     global _state
     state = _state
@@ -481,12 +488,5 @@ def _exporter() -> _Exporter:
         return state
     with _state_lock:
         if _state is None or _state.pid != os.getpid():
-            _state = _Exporter()
+            _state = _Pipeline()
         return _state
-
-
-def flush(timeout_millis: int = 5000) -> bool:
-    """Export the spans this process holds now (a loop's shutdown); True when done."""
-    if not ENABLED or _state is None:
-        return True
-    return _exporter().flush(timeout_millis)

@@ -57,12 +57,27 @@ def tracer(receiver: Receiver) -> Iterator[trace.Tracer]:
     if not isinstance(provider, TracerProvider):
         provider = TracerProvider(resource=Resource.create({"service.name": "test-app"}))
         trace.set_tracer_provider(provider)
-    processor = SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces"))
+    processor = _UntilShutdown(OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces"))
     provider.add_span_processor(processor)
     try:
         yield provider.get_tracer("tests")
     finally:
         processor.shutdown()  # later spans of this process go nowhere, at no cost
+
+
+class _UntilShutdown(SimpleSpanProcessor):
+    """Exports until shut down, then nothing (the provider's own shutdown at exit too)."""
+
+    on = True
+
+    def on_end(self, span: Any) -> None:
+        if self.on:
+            super().on_end(span)
+
+    def shutdown(self) -> None:
+        if self.on:
+            self.on = False
+            super().shutdown()
 
 
 @pytest.fixture(scope="module")
