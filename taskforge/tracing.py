@@ -462,11 +462,12 @@ class _Pipeline:
             logger.warning("tracing.export_failed", exc_info=True)
 
     def close(self) -> None:
-        """Send what is queued (at exit), then stop the thread."""
+        """Send what is queued (at exit), then stop the thread: for at most a second, so a
+        loop still exits in time (API.md) when the collector does not answer."""
         with self._cond:
             self._closing = True
             self._cond.notify()
-        self._thread.join(timeout=_env_int("OTEL_BSP_EXPORT_TIMEOUT", 30000) / 1000)
+        self._thread.join(timeout=min(1.0, _env_int("OTEL_BSP_EXPORT_TIMEOUT", 30000) / 1000))
 
 
 def _env_int(name: str, default: int) -> int:
