@@ -1514,6 +1514,9 @@ class Bench:
                     pair[wanted] = {
                         "single": single["median"],
                         "batched": batched["median"],
+                        # Service CPU per task: what a machine of its own would divide.
+                        "single_cpu_ms": single["cpu_ms_per_task"].get("total", 0.0),
+                        "batched_cpu_ms": batched["cpu_ms_per_task"].get("total", 0.0),
                         "spans": spans.value - before,
                     }
                 pairs.append(pair)
@@ -1530,10 +1533,17 @@ class Bench:
             self.children.remove(receiver)
         result: dict[str, Any] = {"runs": pairs, "endpoint": "local OTLP/HTTP receiver"}
         for path in ("single", "batched"):
+            cpu = f"{path}_cpu_ms"
             result[path] = {
                 "on": summary([p["on"][path] for p in pairs]),
                 "off": summary([p["off"][path] for p in pairs]),
                 "ratio": summary([p["on"][path] / p["off"][path] for p in pairs]),
+                "cpu_ms_per_task": {
+                    "on": summary([p["on"][cpu] for p in pairs]),
+                    "off": summary([p["off"][cpu] for p in pairs]),
+                    # tasks/s on a machine of its own: off's CPU per task over on's.
+                    "ratio": summary([p["off"][cpu] / p["on"][cpu] for p in pairs if p["on"][cpu]]),
+                },
             }
         result["spans_exported"] = sum(p["on"]["spans"] for p in pairs)
         return result
@@ -2110,6 +2120,10 @@ def table(report: dict[str, Any]) -> str:
             row(f"e2e {path}, spans exported", t["on"], "tasks/s")
             row(f"e2e {path}, tracing off (same run)", t["off"], "tasks/s")
             row(f"  ratio exported / off ({path})", t["ratio"], "x", f"tracing_{path}_ratio")
+            cpu = t["cpu_ms_per_task"]
+            row(f"  service CPU per task, exported ({path})", cpu["on"], "ms")
+            row(f"  service CPU per task, off ({path})", cpu["off"], "ms")
+            row(f"  CPU ratio off / exported ({path})", cpu["ratio"], "x")
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
