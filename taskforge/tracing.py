@@ -147,8 +147,12 @@ class Traced(Protocol):
     def queue(self) -> Any: ...  # its `.name`
 
 
-def _digest(task_id: Any, label: bytes, size: int) -> bytes:
-    raw = task_id.bytes if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id)).bytes
+def _raw(task_id: Any) -> bytes:
+    """A task id's 16 bytes, what its span ids are derived from."""
+    return task_id.bytes if isinstance(task_id, uuid.UUID) else uuid.UUID(str(task_id)).bytes
+
+
+def _digest(raw: bytes, label: bytes, size: int) -> bytes:
     value = hashlib.blake2b(raw + label, digest_size=size).digest()
     return value if any(value) else b"\x01".rjust(size, b"\x00")  # all zeros is invalid
 
@@ -160,18 +164,18 @@ def _random_id() -> bytes:
     return (_ids.getrandbits(64) or 1).to_bytes(8, "big")  # nosec B311 - an id, not a secret
 
 
-def _trace_of(task_id: Any, traceparent: str | None) -> bytes:
+def _trace_of(raw: bytes, traceparent: str | None) -> bytes:
     if traceparent is not None:
         return bytes.fromhex(traceparent[3:35])
-    return _digest(task_id, b"trace", 16)
+    return _digest(raw, b"trace", 16)
 
 
-def _enqueue_span(task_id: Any) -> bytes:
-    return _digest(task_id, b"enqueue", 8)
+def _enqueue_span(raw: bytes) -> bytes:
+    return _digest(raw, b"enqueue", 8)
 
 
-def _dispatch_span(task_id: Any, attempt: int) -> bytes:
-    return _digest(task_id, b"dispatch" + attempt.to_bytes(4, "big"), 8)
+def _dispatch_span(raw: bytes, attempt: int) -> bytes:
+    return _digest(raw, b"dispatch" + attempt.to_bytes(4, "big"), 8)
 
 
 def push_context(
@@ -185,9 +189,10 @@ def push_context(
     """
     if not ENABLED:
         return traceparent, tracestate
-    trace_id = _trace_of(task_id, traceparent)
+    raw = _raw(task_id)
+    trace_id = _trace_of(raw, traceparent)
     sampled = _pipeline().sampled(trace_id, traceparent)
-    span_id = _dispatch_span(task_id, attempt)
+    span_id = _dispatch_span(raw, attempt)
     return f"00-{trace_id.hex()}-{span_id.hex()}-{'01' if sampled else '00'}", tracestate
 
 
@@ -299,18 +304,19 @@ def _task_spans(
     for task in tasks:
         traceparent = task.traceparent
         attempt: int | None = task.attempts
-        trace_id = _trace_of(task.pk, traceparent)
+        raw = _raw(task.pk)
+        trace_id = _trace_of(raw, traceparent)
         if not p.sampled(trace_id, traceparent):
             continue
         remote = False
         if stage == "enqueue":
-            span_id, attempt = _enqueue_span(task.pk), None
+            span_id, attempt = _enqueue_span(raw), None
             parent = None if traceparent is None else bytes.fromhex(traceparent[36:52])
             remote = parent is not None
         elif stage == "dispatch":
-            span_id, parent = _dispatch_span(task.pk, task.attempts), _enqueue_span(task.pk)
+            span_id, parent = _dispatch_span(raw, task.attempts), _enqueue_span(raw)
         else:
-            span_id, parent = _random_id(), _dispatch_span(task.pk, task.attempts)
+            span_id, parent = _random_id(), _dispatch_span(raw, task.attempts)
         ids = (trace_id, span_id, parent, start, end)
         spans.append(otlp.span(p.head(stage, task.queue.name), *ids, message_id=str(task.pk),
                                attempt=attempt, error=error, remote_parent=remote))  # fmt: skip
@@ -320,11 +326,12 @@ def _task_spans(
 def _push_spans(p: _Pipeline, pushes: Sequence[Push], start: int, end: int) -> list[bytes]:
     spans = []
     for push in pushes:
-        trace_id = _trace_of(push.task_id, push.traceparent)
+        raw = _raw(push.task_id)
+        trace_id = _trace_of(raw, push.traceparent)
         if not p.sampled(trace_id, push.traceparent):
             continue
         error = None if push.error is None else push.error[:_ERROR_CHARS]
-        ids = (_dispatch_span(push.task_id, push.attempt), _enqueue_span(push.task_id))
+        ids = (_dispatch_span(raw, push.attempt), _enqueue_span(raw))
         spans.append(otlp.span(p.head("push", push.queue), trace_id, *ids, push.start_ns,
                                push.end_ns, message_id=str(push.task_id), attempt=push.attempt,
                                error=error))  # fmt: skip

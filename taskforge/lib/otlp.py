@@ -16,6 +16,7 @@ and boolean attributes; one instrumentation scope.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -83,6 +84,11 @@ class Head:
         return cls(b"".join(parts))
 
 
+@functools.lru_cache(maxsize=256)
+def _attempt(number: int) -> bytes:
+    return span_attribute("taskforge.attempt", number)
+
+
 # A task id attribute: the key and the length of a 36-character UUID, written once.
 _MESSAGE_ID = span_attribute("messaging.message.id", "0" * 36)[:-36]
 
@@ -114,7 +120,7 @@ def span(
     if extra:
         parts.append(extra)
     if attempt is not None:
-        parts.append(span_attribute("taskforge.attempt", attempt))
+        parts.append(_attempt(attempt))
     if error is not None:
         parts.append(field(15, field(2, error.encode()) + varint(3 << 3) + varint(STATUS_ERROR)))
     flags = 0x01 | _HAS_IS_REMOTE | (_IS_REMOTE if remote_parent else 0)
