@@ -3,9 +3,10 @@
 `taskforge.tracing` exports a span per task for each enqueue, hand-out and
 outcome: thousands a second on the batched path.  The OpenTelemetry SDK's own
 route (a `ReadableSpan` per span, then its encoder building protobuf message
-objects field by field) cost ~25 us of CPU per span before the request was sent
-(bench/run.py's `tracing` rows: the batched path fell to ~0.7x); writing
-the same `ExportTraceServiceRequest` bytes here costs a few microseconds.  What
+objects field by field) cost ~200 us of CPU per span on the loaded development
+VM (bench/run.py's `tracing` rows: the batched path fell to ~0.7x); making the
+span and writing the same `ExportTraceServiceRequest` bytes here costs ~5 us
+there (docs/operations.md, Performance).  What
 is written is checked by decoding it with `opentelemetry-proto`
 (tests/test_tracing.py's receiver and tests/test_tracing_context.py).
 
