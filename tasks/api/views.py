@@ -48,6 +48,16 @@ LIST_PARAMS = [
     OpenApiParameter("cursor", str, description="From the previous page's `next`"),
 ]
 PAGE_PARAMS = LIST_PARAMS[-2:]
+# W3C Trace Context of an enqueue (API.md "Tracing (v1.2)"): kept on each task created.
+TRACE_HEADERS = [
+    OpenApiParameter(
+        "traceparent",
+        str,
+        OpenApiParameter.HEADER,
+        description="W3C traceparent; a malformed one is ignored with its tracestate.",
+    ),
+    OpenApiParameter("tracestate", str, OpenApiParameter.HEADER, description="W3C tracestate."),
+]
 
 
 def parse_task_id(raw: str) -> uuid.UUID:
@@ -110,6 +120,7 @@ class TaskListView(EnqueueView):
 
     @extend_schema(
         operation_id="tasks_enqueue",
+        parameters=TRACE_HEADERS,
         request=EnqueueSerializer,
         responses={
             201: TaskSerializer,
@@ -141,6 +152,7 @@ class TaskBatchView(EnqueueView):
 
     @extend_schema(
         operation_id="tasks_enqueue_batch",
+        parameters=TRACE_HEADERS,
         request=EnqueueBatchSerializer,
         responses={
             201: inline_serializer("TaskBatchResult", {"results": TaskSerializer(many=True)}),
