@@ -28,8 +28,9 @@ parent, so every process derives the span ids from what it knows:
   id (a task enqueued without context starts its own trace);
 - `taskforge.enqueue <queue>`: a hash of the task id, child of the span the
   `traceparent` names;
-- `taskforge.dispatch <queue>` of attempt n: a hash of the task id and n,
-  child of the enqueue span;
+- `taskforge.dispatch <queue>` of attempt n: a hash of the task id, n and the
+  first hand-out's time (a replayed task counts from 1 again), child of the
+  enqueue span;
 - `taskforge.ack` / `taskforge.nack` / `taskforge.lease_expired`: random ids,
   children of that attempt's dispatch span.
 
@@ -48,6 +49,7 @@ import os
 import random
 import re
 import secrets
+import struct
 import threading
 import time
 import uuid
@@ -142,9 +144,9 @@ class Traced(Protocol):
     pk: Any
     traceparent: str | None
     attempts: int
+    first_claimed_at: Any  # a datetime, or None before the first hand-out
 
-    @property
-    def queue(self) -> Any: ...  # its `.name`
+    queue: Any  # its `.name`
 
 
 def _raw(task_id: Any) -> bytes:
@@ -174,25 +176,27 @@ def _enqueue_span(raw: bytes) -> bytes:
     return _digest(raw, b"enqueue", 8)
 
 
-def _dispatch_span(raw: bytes, attempt: int) -> bytes:
-    return _digest(raw, b"dispatch" + attempt.to_bytes(4, "big"), 8)
+def _dispatch_span(raw: bytes, attempt: int, since: Any) -> bytes:
+    """Attempt n's dispatch span; `since` (the first hand-out's time) tells a replayed
+    task's attempts, whose count starts again, from its first life's."""
+    stamp = b"" if since is None else struct.pack("<d", since.timestamp())
+    return _digest(raw, b"dispatch" + attempt.to_bytes(4, "big") + stamp, 8)
 
 
-def push_context(
-    task_id: Any, traceparent: str | None, tracestate: str | None, attempt: int
-) -> tuple[str | None, str | None]:
+def push_context(task: Traced, tracestate: str | None) -> tuple[str | None, str | None]:
     """The `traceparent` and `tracestate` headers of a push request for this attempt.
 
     Exporting: the task's trace, whose parent is TaskForge's dispatch span of
     the attempt, with the task's sampling decision.  Not exporting: the
     enqueue's own values (no TaskForge span exists to name), None without them.
     """
+    traceparent = task.traceparent
     if not ENABLED:
         return traceparent, tracestate
-    raw = _raw(task_id)
+    raw = _raw(task.pk)
     trace_id = _trace_of(raw, traceparent)
     sampled = _pipeline().sampled(trace_id, traceparent)
-    span_id = _dispatch_span(raw, attempt)
+    span_id = _dispatch_span(raw, task.attempts, task.first_claimed_at)
     return f"00-{trace_id.hex()}-{span_id.hex()}-{'01' if sampled else '00'}", tracestate
 
 
@@ -229,10 +233,7 @@ def now_ns() -> int:
     return time.time_ns() if ENABLED else 0
 
 
-# -- spans (ENABLED only) --
-#
-# Each call below hands its tasks to this process's pipeline as one record, in
-# O(1): the spans are made from them in the pipeline's thread (`_Pipeline`).
+# -- spans (ENABLED only): each call hands its tasks over as one record, in O(1) --
 
 
 def enqueued(tasks: Sequence[Traced], start_ns: int, end_ns: int) -> None:
@@ -260,11 +261,12 @@ def settled(
 
 @dataclass(frozen=True, slots=True)
 class Push:
-    """One push request as its dispatch span shows it."""
+    """One push request as its dispatch span shows it (`sent`: the `traceparent` header
+    it carried, `push_context`'s, which names the span)."""
 
     task_id: Any
     queue: str
-    traceparent: str | None
+    sent: str | None
     attempt: int
     start_ns: int
     end_ns: int
@@ -314,9 +316,11 @@ def _task_spans(
             parent = None if traceparent is None else bytes.fromhex(traceparent[36:52])
             remote = parent is not None
         elif stage == "dispatch":
-            span_id, parent = _dispatch_span(raw, task.attempts), _enqueue_span(raw)
+            span_id = _dispatch_span(raw, task.attempts, task.first_claimed_at)
+            parent = _enqueue_span(raw)
         else:
-            span_id, parent = _random_id(), _dispatch_span(raw, task.attempts)
+            span_id = _random_id()
+            parent = _dispatch_span(raw, task.attempts, task.first_claimed_at)
         ids = (trace_id, span_id, parent, start, end)
         spans.append(otlp.span(p.head(stage, task.queue.name), *ids, message_id=str(task.pk),
                                attempt=attempt, error=error, remote_parent=remote))  # fmt: skip
@@ -326,15 +330,13 @@ def _task_spans(
 def _push_spans(p: _Pipeline, pushes: Sequence[Push], start: int, end: int) -> list[bytes]:
     spans = []
     for push in pushes:
-        raw = _raw(push.task_id)
-        trace_id = _trace_of(raw, push.traceparent)
-        if not p.sampled(trace_id, push.traceparent):
-            continue
+        if push.sent is None or not int(push.sent[53:55], 16) & 1:
+            continue  # sent while not exporting, or not sampled
+        trace_id, span_id = bytes.fromhex(push.sent[3:35]), bytes.fromhex(push.sent[36:52])
         error = None if push.error is None else push.error[:_ERROR_CHARS]
-        ids = (_dispatch_span(raw, push.attempt), _enqueue_span(raw))
-        spans.append(otlp.span(p.head("push", push.queue), trace_id, *ids, push.start_ns,
-                               push.end_ns, message_id=str(push.task_id), attempt=push.attempt,
-                               error=error))  # fmt: skip
+        ids = (trace_id, span_id, _enqueue_span(_raw(push.task_id)), push.start_ns, push.end_ns)
+        spans.append(otlp.span(p.head("push", push.queue), *ids, message_id=str(push.task_id),
+                               attempt=push.attempt, error=error))  # fmt: skip
     return spans
 
 
@@ -356,13 +358,10 @@ def _schedule_spans(
 
 
 class _Pipeline:
-    """This process's spans: records queued by the request threads, made into spans and
-    sent by a thread of its own, with the SDK's resource (OTEL_SERVICE_NAME,
-    OTEL_RESOURCE_ATTRIBUTES), sampler (OTEL_TRACES_SAMPLER) and OTLP/HTTP exporter
-    (OTEL_EXPORTER_OTLP_*), and the batch processor's variables (OTEL_BSP_*): every
-    OTEL_BSP_SCHEDULE_DELAY ms, or as soon as OTEL_BSP_MAX_EXPORT_BATCH_SIZE spans wait,
-    at most OTEL_BSP_MAX_QUEUE_SIZE waiting (more are dropped, as the SDK's processor does).
-    """
+    """This process's spans, made from queued records and sent by a thread of its own with
+    the SDK's resource, sampler and OTLP/HTTP exporter, as the SDK's batch processor reads
+    OTEL_BSP_*: every SCHEDULE_DELAY ms or once MAX_EXPORT_BATCH_SIZE spans wait; more
+    than MAX_QUEUE_SIZE waiting are dropped."""
 
     def __init__(self) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

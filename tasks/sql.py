@@ -272,7 +272,9 @@ ACK = Statement("ack", frozenset({("executing", "done")}), _ack("*"))
 # The same move answering only what its log lines, its spans (taskforge.tracing)
 # and an ack batch's answer read (the rest of each Task is deferred): a batch's
 # payloads and results are neither sent back nor decoded.
-ACK_BRIEF_TEXT = _ack("id, queue_id, status, attempts, previous_changed_at, traceparent")
+ACK_BRIEF_TEXT = _ack(
+    "id, queue_id, status, attempts, previous_changed_at, traceparent, first_claimed_at"
+)
 
 # -- next_due --
 # When the scheduler next has work: the earliest retry (task_retry_due_idx),

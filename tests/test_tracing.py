@@ -460,3 +460,41 @@ def test_enqueue_span_without_a_traceparent__a_trace_of_its_own(
     spans = _wait(lambda: len(chain()) == 3 and chain(), 20, "three spans")
     _assert_one_tree(spans)
     assert _one(spans, f"taskforge.enqueue {queue}").parent_id is None
+
+
+def test_replay__the_second_life_has_dispatch_spans_of_its_own(
+    service: Service, keys: Keys, receiver: Receiver
+) -> None:
+    """A replayed task counts its attempts from 1 again; its new attempt 1 is another
+    dispatch span than its first life's, each outcome under its own."""
+    queue = "traced-replay"
+    admin = Api(service.base_url, keys.admin)
+    admin.ok("POST", "/queues", {"name": queue})
+    trace_id = "6bf92f3577b34da6a3ce929d0e0e4736"
+    with TaskForge(service.base_url, keys.producer) as producer:
+        task = producer.request(
+            "POST",
+            f"/queues/{queue}/tasks",
+            {"payload": 1},
+            headers={"traceparent": f"00-{trace_id}-20f067aa0ba902b7-01"},
+        )
+    worker = Api(service.base_url, keys.worker)
+    done = {"worker_id": "w-bad", "task_id": task["id"]}
+    _claim_all(worker, queue, 1)
+    worker.ok("POST", "/workers/nack", {**done, "error": "boom", "retry": False})
+    admin.ok("POST", f"/queues/{queue}/dlq/{task['id']}/replay")
+    [again] = _claim_all(worker, queue, 1).values()
+    assert again["attempts"] == 1
+    worker.ok("POST", "/workers/ack", done)
+    spans = receiver.wait_for(
+        trace_id, lambda s: {"taskforge.ack", "taskforge.nack"} <= set(names(s))
+    )
+    dispatches = {s.span_id for s in spans if s.name == f"taskforge.dispatch {queue}"}
+    assert len(dispatches) == 2
+    outcomes = {_one(spans, "taskforge.nack").parent_id, _one(spans, "taskforge.ack").parent_id}
+    assert outcomes == dispatches
+    enqueue = _one(spans, f"taskforge.enqueue {queue}")
+    assert enqueue.parent_id == "20f067aa0ba902b7"  # the producer's, which nobody exported here
+    assert {s.parent_id for s in spans if s.name.startswith("taskforge.dispatch")} == {
+        enqueue.span_id
+    }

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -83,9 +84,10 @@ def test_configured__only_an_otlp_endpoint_turns_exporting_on(env: dict[str, str
 
 def test_push_context__not_exporting_passes_the_enqueues_values_on() -> None:
     assert not tracing.ENABLED  # the test process sets no OTEL_* variable
-    task_id = uuid.uuid4()
-    assert tracing.push_context(task_id, VALID, "a=1", 3) == (VALID, "a=1")
-    assert tracing.push_context(task_id, None, None, 1) == (None, None)
+    task = SimpleNamespace(pk=uuid.uuid4(), traceparent=VALID, attempts=3, first_claimed_at=None)
+    assert tracing.push_context(task, "a=1") == (VALID, "a=1")
+    task.traceparent = None
+    assert tracing.push_context(task, None) == (None, None)
 
 
 def _python(code: str, env: dict[str, str]) -> str:

@@ -47,12 +47,11 @@ class Job:
     # (workers.httptasks), not as a push queue's JSON POST.
     http: httptasks.HttpRequest | None = None
     dispatched_at: datetime | None = None
-    # The request's W3C Trace Context headers (taskforge.tracing.push_context),
-    # and what the attempt's dispatch span reads: the task's own traceparent and
-    # when it was handed out (exporting only; 0 otherwise).
+    # The request's W3C Trace Context headers (taskforge.tracing.push_context,
+    # which name the attempt's dispatch span), and when it was handed out (the
+    # span's start; exporting only, 0 otherwise).
     traceparent: str | None = None
     tracestate: str | None = None
-    task_traceparent: str | None = None
     handed_ns: int = 0
 
 

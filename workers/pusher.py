@@ -209,7 +209,7 @@ class Finisher:
                 tracing.Push(
                     o.job.task_id,
                     o.job.queue,
-                    o.job.task_traceparent,
+                    o.job.traceparent,
                     o.job.attempt,
                     o.job.handed_ns,
                     o.ended_ns,
@@ -406,9 +406,7 @@ class PushLoop(Loop):
 
 
 def _job(task: Task, target: push.PushTarget | None) -> Job:
-    traceparent, tracestate = tracing.push_context(
-        task.pk, task.traceparent, task.tracestate, task.attempts
-    )
+    traceparent, tracestate = tracing.push_context(task, task.tracestate)
     handed_ns = tracing.now_ns()
     if task.http_request is not None:
         http = httptasks.request_of(task)
@@ -422,7 +420,6 @@ def _job(task: Task, target: push.PushTarget | None) -> Job:
             dispatched_at=task.claimed_at,
             traceparent=traceparent,
             tracestate=tracestate,
-            task_traceparent=task.traceparent,
             handed_ns=handed_ns,
         )
     # Any other task take(push=True) hands out is a push queue's.
@@ -435,6 +432,5 @@ def _job(task: Task, target: push.PushTarget | None) -> Job:
         target=target,
         traceparent=traceparent,
         tracestate=tracestate,
-        task_traceparent=task.traceparent,
         handed_ns=handed_ns,
     )
