@@ -154,7 +154,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 # keeping every other pin (ARGS="--upgrade-package NAME" moves one package);
 # `make lock-upgrade` moves every package to the newest version pyproject.toml allows.
 # Both then export the requirement files every install reads:
-#   requirements/dev.txt      make run, make test, make lint (extras local and test)
+#   requirements/dev.txt      make run, make test, make lint (extras local, test and tracing)
 #   requirements/bench.txt    make bench (also the bench extra)
 #   requirements/service.txt  the container image (deploy/build.sh: no extra)
 #   requirements/uv.txt       uv itself, installed here by the first `make lock`
@@ -170,7 +170,8 @@ $(UV): | $(STAMP)
 
 define export_lock
 	@mkdir -p $(REQUIREMENTS)
-	@for set in "dev:--extra local --extra test" "bench:--extra local --extra test --extra bench" \
+	@for set in "dev:--extra local --extra test --extra tracing" \
+	            "bench:--extra local --extra test --extra tracing --extra bench" \
 	            "service:" "uv:--only-group lock"; do \
 	  name=$${set%%:*}; options=$${set#*:}; \
 	  case $$options in --only-group*) groups=;; *) groups="--group build";; esac; \

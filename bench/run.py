@@ -22,7 +22,11 @@ load-generator processes over HTTP, and prints a readable table and one JSON lin
    as sampled in Postgres during the window (never above the cap);
 8. push delivery (`push`): one `run_pusher` process delivering a push queue to a local
    target (an aiohttp server in its own process) that answers at once, then to one that
-   takes 200 ms per request: tasks/s and the most requests in flight at once.
+   takes 200 ms per request: tasks/s and the most requests in flight at once;
+9. tracing (`tracing`): the single and the batched path end to end with every process
+   exporting its spans over OTLP/HTTP to a local receiver (bench/traced.py), against the
+   same service with tracing off, in turn (off, on, on, off, ...; a restart between): the
+   ratio on / off of each pair, and how many spans the receiver got.
 
 Each figure is measured over several runs (median, min, max); the CPU each component used
 during the measured windows is reported too, to show what bounds the figure.
@@ -68,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import retained as retained_history  # bench/retained.py
+import traced  # bench/traced.py
 
 ROOT = Path(__file__).resolve().parent.parent
 # Its own database name, so two benchmarks on one server do not drop each other's.
@@ -92,6 +97,9 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "scheduled_p99": ("<=", 100.0, "ms"),
     # Issue 15: a queue's max_concurrency is never exceeded (sampled), with --capped-limit 10.
     "capped_max_running": ("<=", 10, "tasks"),
+    # Issue 36: spans exported to a local receiver cost at most 15 % of tasks/s.
+    "tracing_single_ratio": (">=", 0.85, "x"),
+    "tracing_batched_ratio": (">=", 0.85, "x"),
 }
 
 PAYLOAD = {"job": "bench", "args": [1, 2, 3], "note": "x" * 40}
@@ -1598,6 +1606,82 @@ class Bench:
             "runs": per_run,
         }
 
+    def restart(self, extra_env: dict[str, str]) -> None:
+        """Stop the service's processes and start them again with `extra_env` added."""
+        assert self.service is not None
+        self.service.stop()
+        self.service = Service({**self.env, **extra_env}, self.logdir)
+        python = sys.executable
+        self.service.start("api", [python, "manage.py", "run_api"])
+        for loop in LOOPS:
+            self.service.start(loop, [python, "manage.py", f"run_{loop}"])
+        self._wait_ready()
+        self.cpu = CpuMeter(self.service, self.db_name)
+        self.settle(1.0)
+
+    def phase_tracing(self, runs: int) -> dict[str, Any]:
+        """e2e single and batched with spans exported vs off, in turn (module docstring, 9)."""
+        receiver_end, sender_end = self.ctx.Pipe(duplex=False)
+        spans = self.ctx.Value("q", 0)
+        receiver = self.ctx.Process(
+            target=traced.serve_receiver, args=(sender_end, spans), daemon=True
+        )
+        receiver.start()
+        self.children.append(receiver)
+        if not receiver_end.poll(30):
+            raise BenchError("the OTLP receiver did not start")
+        endpoint = f"http://127.0.0.1:{receiver_end.recv()}"
+        exporting = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, **traced.EXPORT_ENV}
+        pairs: list[dict[str, dict[str, float]]] = []
+        mode = "off"
+        try:
+            for run in range(runs):
+                pair: dict[str, dict[str, float]] = {}
+                for wanted in ("off", "on") if run % 2 == 0 else ("on", "off"):
+                    if wanted != mode:
+                        self.restart(exporting if wanted == "on" else {})
+                        mode = wanted
+                    before = spans.value
+                    single = self.phase_e2e(False, 1, False)
+                    batched = self.phase_e2e(True, 1, False)
+                    time.sleep(0.5)  # the last batch of spans (OTEL_BSP_SCHEDULE_DELAY)
+                    pair[wanted] = {
+                        "single": single["median"],
+                        "batched": batched["median"],
+                        # Service CPU per task: what a machine of its own would divide.
+                        "single_cpu_ms": single["cpu_ms_per_task"].get("total", 0.0),
+                        "batched_cpu_ms": batched["cpu_ms_per_task"].get("total", 0.0),
+                        "spans": spans.value - before,
+                    }
+                pairs.append(pair)
+                log(
+                    f"tracing run {run + 1}/{runs}: single {pair['on']['single']:.0f} vs "
+                    f"{pair['off']['single']:.0f}, batched {pair['on']['batched']:.0f} vs "
+                    f"{pair['off']['batched']:.0f} tasks/s (on vs off)"
+                )
+        finally:
+            if mode == "on":
+                self.restart({})
+            receiver.kill()
+            receiver.join(5)
+            self.children.remove(receiver)
+        result: dict[str, Any] = {"runs": pairs, "endpoint": "local OTLP/HTTP receiver"}
+        for path in ("single", "batched"):
+            cpu = f"{path}_cpu_ms"
+            result[path] = {
+                "on": summary([p["on"][path] for p in pairs]),
+                "off": summary([p["off"][path] for p in pairs]),
+                "ratio": summary([p["on"][path] / p["off"][path] for p in pairs]),
+                "cpu_ms_per_task": {
+                    "on": summary([p["on"][cpu] for p in pairs]),
+                    "off": summary([p["off"][cpu] for p in pairs]),
+                    # tasks/s on a machine of its own: off's CPU per task over on's.
+                    "ratio": summary([p["off"][cpu] / p["on"][cpu] for p in pairs if p["on"][cpu]]),
+                },
+            }
+        result["spans_exported"] = sum(p["on"]["spans"] for p in pairs)
+        return result
+
     def phase_sdk(self, runs: int, *, batcher: bool = True) -> dict[str, Any]:
         """SDK end to end: producer threads through the enqueue batcher (`sdk`) or calling
         the client's own `enqueue` (`natural`), Worker processes.  With `--sdk-against`,
@@ -2291,6 +2375,14 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
         "latency_p99": results.get("latency", {}).get("p99", {}).get("median"),
         "scheduled_p99": results.get("scheduled", {}).get("p99", {}).get("median"),
         "capped_max_running": results.get("capped", {}).get("max_running"),
+        "tracing_single_ratio": results.get("tracing", {})
+        .get("single", {})
+        .get("ratio", {})
+        .get("median"),
+        "tracing_batched_ratio": results.get("tracing", {})
+        .get("batched", {})
+        .get("ratio", {})
+        .get("median"),
     }
     out = {}
     for name, (op, threshold, unit) in TARGETS.items():
@@ -2423,6 +2515,16 @@ def table(report: dict[str, Any]) -> str:
                         "yes" if r["median"] >= 0.8 else "NO",
                     )
                 )
+    if "tracing" in res:
+        for path in ("single", "batched"):
+            t = res["tracing"][path]
+            row(f"e2e {path}, spans exported", t["on"], "tasks/s")
+            row(f"e2e {path}, tracing off (same run)", t["off"], "tasks/s")
+            row(f"  ratio exported / off ({path})", t["ratio"], "x", f"tracing_{path}_ratio")
+            cpu = t["cpu_ms_per_task"]
+            row(f"  service CPU per task, exported ({path})", cpu["on"], "ms")
+            row(f"  service CPU per task, off ({path})", cpu["off"], "ms")
+            row(f"  CPU ratio off / exported ({path})", cpu["ratio"], "x")
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -2526,10 +2628,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
     p.add_argument(
         "--only",
-        default="enqueue,e2e,sdk,natural,lone,celery,latency,scheduled,capped,push,cloudtasks,fleet",
+        default=(
+            "enqueue,e2e,sdk,natural,lone,celery,latency,scheduled,capped,push,cloudtasks,"
+            "tracing,fleet"
+        ),
         help=(
             "comma-separated phases: enqueue, e2e, sdk, natural, lone, celery, latency, "
-            "scheduled, capped, push, cloudtasks, fleet (default all)"
+            "scheduled, capped, push, cloudtasks, tracing, fleet (default all)"
         ),
     )
     p.add_argument("--window", type=float, default=3.0, help="measured seconds per run")
@@ -2582,7 +2687,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
     known = {
         *("enqueue", "e2e", "sdk", "natural", "lone", "celery", "latency", "scheduled"),
-        *("capped", "push", "cloudtasks", "fleet"),
+        *("capped", "push", "cloudtasks", "tracing", "fleet"),
     }
     unknown = args.phases - known
     if unknown:
@@ -2632,6 +2737,8 @@ def run_phases(bench: Bench, args: argparse.Namespace, profile: bool) -> dict[st
         results.update(bench.phase_cloudtasks(args.runs))
     if "fleet" in args.phases:
         results["fleet"] = bench.phase_fleet()
+    if "tracing" in args.phases:
+        results["tracing"] = bench.phase_tracing(args.runs)
     return results
 
 

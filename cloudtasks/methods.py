@@ -43,6 +43,9 @@ class Call:
     body: dict[str, Any]
     actor: Actor
     out: pj.Output
+    # The request's W3C Trace Context (taskforge.tracing.from_headers): a task
+    # created by the call keeps it.
+    trace: tuple[str | None, str | None] = (None, None)
 
     @property
     def parent(self) -> str:
@@ -179,7 +182,7 @@ def create_task(call: Call) -> dict[str, Any]:
     if "task" not in body:
         raise errors.invalid("task", "task is required.")
     spec = taskbody.read(body["task"], now=timezone.now(), queue_path=call.queue_path)
-    task = services.create_task(call.queue(), spec)
+    task = services.create_task(call.queue(), spec, trace=call.trace)
     return ct_tasks.shown(task, call.queue_path, view=view, out=call.out)
 
 

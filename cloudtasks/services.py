@@ -34,8 +34,12 @@ logger = logging.getLogger(__name__)
 VISIBLE = lifecycle.IN_PROGRESS
 
 
-def create_task(queue: Queue, body: TaskBody) -> Task:
+def create_task(
+    queue: Queue, body: TaskBody, *, trace: tuple[str | None, str | None] = (None, None)
+) -> Task:
     """Store a task with an HTTP target as `pending`; a named one takes its name.
+
+    `trace`: the W3C Trace Context of the request (API.md "Tracing (v1.2)").
 
     Raises:
         RpcError: ALREADY_EXISTS (name taken or used recently), NOT_FOUND (queue gone).
@@ -49,6 +53,8 @@ def create_task(queue: Queue, body: TaskBody) -> Task:
         name=body.task_id,
         http_request=body.http_request,
         retry_config=body.retry_config,
+        traceparent=trace[0],
+        tracestate=trace[1],
     )
     try:
         with transaction.atomic():

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from taskforge_client.batching import EnqueueBatcher, EnqueueLanes, Enqueues
+from taskforge_client.batching import EnqueueBatcher, EnqueueLanes
+from taskforge_client.calls import Enqueues
 from taskforge_client.errors import TaskForgeError
 from taskforge_client.http import Http, RetryPolicy
 from taskforge_client.http import segment as _q
@@ -191,6 +192,8 @@ class TaskForge(Http):
 
         Called from several threads at once, calls coalesce (see the class's `coalesce`):
         the answer and the errors are this call's own all the same.
+        With opentelemetry-api installed, the task carries the current span's context
+        (`traceparent`), and the worker's handler span continues that trace.
         """
         spec = TaskSpec(payload, priority, delay, at, idempotency_key, max_retries)
         task: Task = self._enqueue(queue, Enqueues.one(spec))
@@ -202,6 +205,8 @@ class TaskForge(Http):
         Items are `TaskSpec`s or mappings with `TaskSpec`'s fields. The call is retried
         only when every item has an idempotency key. It may go in one request with other
         threads' calls (see the class's `coalesce`), all or nothing still for its own tasks.
+        Items without a `traceparent` of their own carry the current span's context
+        (opentelemetry-api installed).
         """
         specs = [t if isinstance(t, TaskSpec) else TaskSpec(**t) for t in tasks]
         if not specs:
@@ -217,18 +222,13 @@ class TaskForge(Http):
     def _enqueue_call(self, queue: str, call: Enqueues) -> Any:
         """One enqueue request as the call would make it on its own: an enqueue's through
         the single endpoint, an enqueue_many's (or joined calls') through the batch one."""
-        if not call.many:
-            answer = self.request(
-                "POST", f"/queues/{_q(queue)}/tasks", data=call.encoded, idempotent=call.keyed
-            )
-            return Task.from_dict(answer)
+        path, data, headers = call.wire()
         answer = self.request(
-            "POST",
-            f"/queues/{_q(queue)}/tasks/batch",
-            data=b'{"tasks":[' + call.encoded + b"]}",
-            idempotent=call.keyed,
+            "POST", f"/queues/{_q(queue)}{path}", data=data, idempotent=call.keyed, headers=headers
         )
-        return [Task.from_dict(t) for t in answer["results"]]
+        if call.many:
+            return [Task.from_dict(t) for t in answer["results"]]
+        return Task.from_dict(answer)
 
     def get_task(self, queue: str, task_id: str) -> Task:
         """One task; `NotFound` when it is not a task of `queue`."""

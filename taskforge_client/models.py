@@ -33,6 +33,10 @@ class TaskSpec:
     at: datetime | None = None
     idempotency_key: str | None = None
     max_retries: int | None = None
+    # W3C Trace Context of this task (a batch item's own; `TaskForge.enqueue` and the
+    # batcher fill them from the current span when opentelemetry-api is installed).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     def body(self) -> dict[str, Any]:
         """The enqueue body of API.md."""
@@ -51,6 +55,10 @@ class TaskSpec:
             body["idempotency_key"] = self.idempotency_key
         if self.max_retries is not None:
             body["max_retries"] = self.max_retries
+        if self.traceparent is not None:
+            body["traceparent"] = self.traceparent
+            if self.tracestate is not None:
+                body["tracestate"] = self.tracestate
         return body
 
 
@@ -119,6 +127,9 @@ class Task:
     finished_at: datetime | None
     lease_expires_at: datetime | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # The enqueue's W3C Trace Context, in a claim's answer (API.md v1.2).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Task:
@@ -142,6 +153,8 @@ class Task:
             finished_at=parse_time(data.get("finished_at")),
             lease_expires_at=parse_time(data.get("lease_expires_at")),
             raw=data,
+            traceparent=data.get("traceparent"),
+            tracestate=data.get("tracestate"),
         )
 
 

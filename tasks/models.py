@@ -99,6 +99,10 @@ class Task(models.Model):
     # When attempt 1 was handed out (Cloud Tasks' firstAttempt.dispatchTime, which
     # maxRetryDuration counts from); cleared by a replay.
     first_claimed_at = models.DateTimeField(null=True, blank=True)
+    # The W3C Trace Context the enqueue carried (API.md "Tracing (v1.2)"), as
+    # `taskforge.tracing.context_of` kept it; NULL without a valid traceparent.
+    traceparent = models.TextField(null=True, blank=True)
+    tracestate = models.TextField(null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
 

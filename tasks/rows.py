@@ -8,7 +8,7 @@ no queue again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -19,7 +19,7 @@ from queues import lookup
 from queues.models import Queue
 from taskforge.lib import internals, jsonutil, pg
 from taskforge.lib.ids import uuid7
-from tasks.models import Task
+from tasks.models import Task, TaskStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,9 @@ class NewTask:
     name: str | None = None
     http_request: dict[str, Any] | None = None
     retry_config: dict[str, Any] | None = None
+    # The enqueue's W3C Trace Context (taskforge.tracing.context_of).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class Buffered(NamedTuple):
@@ -46,6 +49,26 @@ class Buffered(NamedTuple):
     priority: int
     scheduled_at: datetime
     http: bool = False
+
+
+def created_rows(group: Sequence[Task]) -> dict[str, Any]:
+    """The per-task arrays `tasks.sql.CREATE` inserts, for new tasks of one queue."""
+    traced = any(task.traceparent is not None for task in group)
+    return {
+        "ids": pg.array(task.pk for task in group),
+        "payloads": pg.array(jsonutil.dumps(task.payload).decode() for task in group),
+        "priorities": pg.array(task.priority for task in group),
+        "scheduled": pg.array(task.scheduled_at for task in group),
+        "max_retries": pg.array(task.max_retries for task in group),
+        "keys": pg.array(task.idempotency_key for task in group),
+        "buffer": pg.array(task.status == TaskStatus.CLAIMED for task in group),
+        "names": pg.array(task.name for task in group),
+        "http": pg.array(json_or_none(task.http_request) for task in group),
+        "retry": pg.array(json_or_none(task.retry_config) for task in group),
+        # NULL arrays when no task has a trace context (unnest pads them with NULLs).
+        "traceparents": pg.array(task.traceparent for task in group) if traced else None,
+        "tracestates": pg.array(task.tracestate for task in group) if traced else None,
+    }
 
 
 def json_or_none(value: Any) -> str | None:
@@ -79,6 +102,8 @@ def stored_task(
     values[_AT["name"]] = item.name
     values[_AT["http_request"]] = item.http_request
     values[_AT["retry_config"]] = item.retry_config
+    values[_AT["traceparent"]] = item.traceparent
+    values[_AT["tracestate"]] = item.tracestate
     values[_AT["created_at"]] = values[_AT["updated_at"]] = now
     values[_AT["status_changed_at"]] = now
     task = build(values)

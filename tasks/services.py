@@ -55,6 +55,9 @@ class TaskSpec:
     delay_seconds: float | None = None
     idempotency_key: str | None = None
     max_retries: int | None = None
+    # The enqueue's W3C Trace Context, as `taskforge.tracing.context_of` kept it.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,8 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
                 scheduled_at=_due_time(spec, now),
                 max_retries=queue.max_retries if spec.max_retries is None else spec.max_retries,
                 idempotency_key=key,
+                traceparent=spec.traceparent,
+                tracestate=spec.tracestate,
             )
         )
     # Due tasks of a running queue go straight into the buffer when they fit:

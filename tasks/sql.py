@@ -75,7 +75,8 @@ TASK_COLUMNS = """
     t.claimed_by, t.claimed_key_id, t.heartbeat_at, t.attempts, t.max_retries, t.last_error,
     t.result,
     t.idempotency_key, t.created_at, t.updated_at, t.status_changed_at, t.finished_at,
-    t.name, t.http_request, t.retry_config, t.http_attempts, t.first_claimed_at
+    t.name, t.http_request, t.retry_config, t.http_attempts, t.first_claimed_at,
+    t.traceparent, t.tracestate
 """
 
 # -- create --
@@ -89,7 +90,8 @@ TASK_COLUMNS = """
 # text[]), priorities, scheduled (timestamptz[]), max_retries, keys (text[],
 # NULL for none), buffer (bool[]), notify (bool), wake_at (text or NULL); and for
 # tasks of the Cloud Tasks API names (text[]), http (jsonb as text[]), retry
-# (jsonb as text[]), NULL for a native task.
+# (jsonb as text[]), NULL for a native task; traceparents and tracestates (text[],
+# or NULL when no task of the call has any: unnest pads a NULL array with NULLs).
 CREATE = Statement(
     "create",
     frozenset({(None, "pending"), ("pending", "claimed")}),
@@ -97,15 +99,19 @@ CREATE = Statement(
 WITH new AS (
     INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at, attempts,
                             max_retries, idempotency_key, created_at, updated_at,
-                            status_changed_at, name, http_request, retry_config)
+                            status_changed_at, name, http_request, retry_config, traceparent,
+                            tracestate)
     SELECT i.id, %(queue_id)s::uuid, i.payload::jsonb,
            CASE WHEN i.buffer THEN 'claimed' ELSE 'pending' END,
            i.priority, i.scheduled_at, 0, i.max_retries, i.key, %(now)s::timestamptz,
-           %(now)s::timestamptz, %(now)s::timestamptz, i.name, i.http::jsonb, i.retry::jsonb
+           %(now)s::timestamptz, %(now)s::timestamptz, i.name, i.http::jsonb, i.retry::jsonb,
+           i.traceparent, i.tracestate
     FROM unnest(%(ids)s::uuid[], %(payloads)s::text[], %(priorities)s::int[],
                 %(scheduled)s::timestamptz[], %(max_retries)s::int[], %(keys)s::text[],
-                %(buffer)s::bool[], %(names)s::text[], %(http)s::text[], %(retry)s::text[])
-        AS i(id, payload, priority, scheduled_at, max_retries, key, buffer, name, http, retry)
+                %(buffer)s::bool[], %(names)s::text[], %(http)s::text[], %(retry)s::text[],
+                %(traceparents)s::text[], %(tracestates)s::text[])
+        AS i(id, payload, priority, scheduled_at, max_retries, key, buffer, name, http, retry,
+             traceparent, tracestate)
 )
 SELECT pg_notify('{DISPATCH_CHANNEL}', %(queue_id)s::text) WHERE %(notify)s
 UNION ALL
@@ -263,10 +269,12 @@ SELECT {answer} FROM moved
 
 
 ACK = Statement("ack", frozenset({("executing", "done")}), _ack("*"))
-# The same move answering only what its log lines and an ack batch's answer
-# read (the rest of each Task is deferred): a batch's payloads and results
-# are neither sent back nor decoded.
-ACK_BRIEF_TEXT = _ack("id, queue_id, status, attempts, previous_changed_at")
+# The same move answering only what its log lines, its spans (taskforge.tracing)
+# and an ack batch's answer read (the rest of each Task is deferred): a batch's
+# payloads and results are neither sent back nor decoded.
+ACK_BRIEF_TEXT = _ack(
+    "id, queue_id, status, attempts, previous_changed_at, traceparent, first_claimed_at"
+)
 
 # -- next_due --
 # When the scheduler next has work: the earliest retry (task_retry_due_idx),

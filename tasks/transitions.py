@@ -9,7 +9,8 @@ guarded by the old one and inserts the events in one round trip; the others
 take rows the caller has locked inside `transaction.atomic()`, check each
 move against their edges, write it guarded by the old status
 (`UPDATE ... WHERE status = <from>`) and add one `TaskEvent` per task.
-Either way one JSON line per task is logged once the transaction commits.
+Either way one JSON line per task is logged, and its span built, once the
+transaction commits (`taskforge.tracing`: exporting only).
 Nothing else in TaskForge writes `Task.status` (a test walks the tree).
 
 Apps above `tasks` keep their own records of a move through `tasks.signals`
@@ -31,14 +32,15 @@ from django.utils import timezone
 
 from queues.models import Queue
 from queues.notify import wake_dispatchers, wake_scheduler
-from taskforge.lib import internals, jsonutil, pg
+from taskforge import tracing
+from taskforge.lib import internals, pg
 from tasks import concurrency, names, signals, sql
 from tasks import transitionlog as tlog
 from tasks.exceptions import InvalidTransition
 from tasks.lifecycle import FINISHED, Edge
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.retry import after_failure
-from tasks.rows import ATTNAMES, json_or_none, run_statement, stored_task
+from tasks.rows import ATTNAMES, created_rows, run_statement, stored_task
 from tasks.rows import Buffered as Buffered  # what `buffer_due` answers
 from tasks.rows import NewTask as NewTask  # what `create` takes, named here for its callers
 
@@ -101,6 +103,7 @@ def create(
             queue is gone.
     """
     now = now or timezone.now()
+    started = tracing.now_ns()
     build = internals.builder(Task, ATTNAMES)
     stored = [
         stored_task(
@@ -118,16 +121,7 @@ def create(
                 {
                     "queue_id": queue_id,
                     "now": now,
-                    "ids": pg.array(task.pk for task in group),
-                    "payloads": pg.array(jsonutil.dumps(task.payload).decode() for task in group),
-                    "priorities": pg.array(task.priority for task in group),
-                    "scheduled": pg.array(task.scheduled_at for task in group),
-                    "max_retries": pg.array(task.max_retries for task in group),
-                    "keys": pg.array(task.idempotency_key for task in group),
-                    "buffer": pg.array(task.status == S.CLAIMED for task in group),
-                    "names": pg.array(task.name for task in group),
-                    "http": pg.array(json_or_none(task.http_request) for task in group),
-                    "retry": pg.array(json_or_none(task.retry_config) for task in group),
+                    **created_rows(group),
                     "notify": wake
                     and any(t.status == S.PENDING and t.scheduled_at <= now for t in group),
                     "wake_at": _earliest_later(group, now),
@@ -142,6 +136,7 @@ def create(
     transaction.on_commit(lambda: tlog.log("task.created", created))
     if moved:
         transaction.on_commit(lambda: tlog.log("task.buffered", moved))
+    tracing.after_commit(tracing.enqueued, stored, started)
     return stored
 
 
@@ -249,10 +244,13 @@ def hand_out(
         "push": push,
         "run": run,
     }
+    started = tracing.now_ns()
     moved = run_statement(sql.HAND_OUT.text, params, queues)
     order = {str(task_id): index for index, task_id in enumerate(ids)}
     moved.sort(key=lambda task: order[str(task.pk)])
     tlog.log_rows(moved, S.CLAIMED, event="handed_out", now=now, worker_id=worker_id)
+    if tracing.ENABLED and not push:  # a push's span ends with the answer (workers.pusher)
+        tracing.after_commit(tracing.dispatched, moved, started)
     return moved
 
 
@@ -287,8 +285,10 @@ def ack(
         "attempts": pg.array(item[1] for item in items),
         "results": pg.array(item[2] for item in items),
     }
+    started = tracing.now_ns()
     moved = run_statement(sql.ACK_BRIEF_TEXT if brief else sql.ACK.text, params, queues)
     tlog.log_rows(moved, S.EXECUTING, event="acked", now=now, worker_id=worker_id)
+    tracing.after_commit(tracing.settled, moved, started, outcome=tracing.ACK)
     concurrency.release_on_commit(moved)
     return moved
 
@@ -301,18 +301,20 @@ def fail(
     retry: bool = True,
     retry_after_seconds: float | None = None,
     now: datetime | None = None,
+    traced_as: str = tracing.NACK,
 ) -> None:
     """executing -> retry, or -> dead once attempts are spent or `retry` is False.
 
     A retry is due after the backoff, or the task's attempts are spent
     (`tasks.retry.after_failure`); `retry_after_seconds` replaces the backoff.
-    The task's concurrency slot is freed once the move commits.
+    The task's concurrency slot is freed once the move commits; `traced_as` names its span.
     Caller contract: holds the row lock inside `atomic()`.
 
     Raises:
         InvalidTransition: the task is not executing.
     """
     now = now or timezone.now()
+    tracing.after_commit(tracing.settled, [task], tracing.now_ns(), outcome=traced_as, error=error)
     next_at = after_failure(task, now)  # None: no attempts left
     if not retry or next_at is None:
         _move(
@@ -353,7 +355,7 @@ def expire_lease(task: Task, *, now: datetime | None = None) -> None:
 
     The same rule as a nack; caller contract as `fail`.
     """
-    fail(task, error=LEASE_EXPIRED_ERROR, now=now)
+    fail(task, error=LEASE_EXPIRED_ERROR, now=now, traced_as=tracing.LEASE_EXPIRED)
 
 
 @verb(_CANCEL)

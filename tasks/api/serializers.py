@@ -11,6 +11,7 @@ from taskforge.api.fields import AnyJSONField, QuerySerializer, TimeField
 from taskforge.conf import conf
 from taskforge.lib import jsonutil
 from taskforge.lib.timeutil import isoformat
+from taskforge.tracing import context_of
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.services import Enqueued, TaskSpec
 
@@ -148,18 +149,43 @@ ENQUEUE = bodies.Obj(
     },
     check=_one_schedule,
 )
+# A batch's item: the enqueue body, and its own trace context (API.md "Tracing
+# (v1.2)"; docs/api-notes.md), which wins over the request's headers: one batch
+# may carry the tasks of many traces (the SDK's batcher).  Any value is taken and
+# one that is not a valid traceparent ignored, as a header's is: never a 400.
+ENQUEUE_ITEM = bodies.Obj(
+    "EnqueueBatchItemSerializer",
+    {
+        **ENQUEUE.fields,
+        "traceparent": bodies.AnyJSON(
+            required=False,
+            allow_null=True,
+            help_text="W3C traceparent of this task; a malformed one is ignored.",
+        ),
+        "tracestate": bodies.AnyJSON(
+            required=False,
+            allow_null=True,
+            help_text="W3C tracestate, kept with a valid traceparent.",
+        ),
+    },
+    check=_one_schedule,
+)
 ENQUEUE_BATCH = bodies.Obj(
     "EnqueueBatchSerializer",
-    {"tasks": bodies.ListOf(ENQUEUE, min_length=1, max_length=MAX_BATCH, length_first=True)},
+    {"tasks": bodies.ListOf(ENQUEUE_ITEM, min_length=1, max_length=MAX_BATCH, length_first=True)},
 )
 # For the OpenAPI document only: the rules above validate.
 EnqueueSerializer = ENQUEUE.serializer()
 EnqueueBatchSerializer = ENQUEUE_BATCH.serializer()
 
 
-def to_spec(attrs: dict[str, Any]) -> TaskSpec:
-    """One validated enqueue body as the service takes it."""
-    return TaskSpec(**attrs)
+def to_spec(attrs: dict[str, Any], trace: tuple[str | None, str | None] = (None, None)) -> TaskSpec:
+    """One validated enqueue body as the service takes it, with the trace context of
+    its request's headers (`taskforge.tracing.from_headers`) unless it has its own."""
+    if "traceparent" in attrs or "tracestate" in attrs:
+        attrs = dict(attrs)
+        trace = context_of(attrs.pop("traceparent", None), attrs.pop("tracestate", None))
+    return TaskSpec(**attrs, traceparent=trace[0], tracestate=trace[1])
 
 
 class TaskListQuerySerializer(QuerySerializer):

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from queues.api.lookup import QueueLookupMixin, queue_named
 from queues.models import Queue
+from taskforge import tracing
 from taskforge.api.hot import Answer, HotView
 from taskforge.api.middleware import SINGLE_TASK
 from taskforge.api.models import ApiKey
@@ -47,6 +48,16 @@ LIST_PARAMS = [
     OpenApiParameter("cursor", str, description="From the previous page's `next`"),
 ]
 PAGE_PARAMS = LIST_PARAMS[-2:]
+# W3C Trace Context of an enqueue (API.md "Tracing (v1.2)"): kept on each task created.
+TRACE_HEADERS = [
+    OpenApiParameter(
+        "traceparent",
+        str,
+        OpenApiParameter.HEADER,
+        description="W3C traceparent; a malformed one is ignored with its tracestate.",
+    ),
+    OpenApiParameter("tracestate", str, OpenApiParameter.HEADER, description="W3C tracestate."),
+]
 
 
 def parse_task_id(raw: str) -> uuid.UUID:
@@ -109,6 +120,7 @@ class TaskListView(EnqueueView):
 
     @extend_schema(
         operation_id="tasks_enqueue",
+        parameters=TRACE_HEADERS,
         request=EnqueueSerializer,
         responses={
             201: TaskSerializer,
@@ -126,7 +138,8 @@ class TaskListView(EnqueueView):
 
     @staticmethod
     def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
-        [result] = services.enqueue(context["queue"], [to_spec(data)])
+        trace = tracing.from_headers(request.META)
+        [result] = services.enqueue(context["queue"], [to_spec(data, trace)])
         return (
             enqueued_to_dict(result),
             status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
@@ -139,6 +152,7 @@ class TaskBatchView(EnqueueView):
 
     @extend_schema(
         operation_id="tasks_enqueue_batch",
+        parameters=TRACE_HEADERS,
         request=EnqueueBatchSerializer,
         responses={
             201: inline_serializer("TaskBatchResult", {"results": TaskSerializer(many=True)}),
@@ -157,7 +171,10 @@ class TaskBatchView(EnqueueView):
 
     @staticmethod
     def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
-        results = services.enqueue(context["queue"], [to_spec(item) for item in data["tasks"]])
+        trace = tracing.from_headers(request.META)
+        results = services.enqueue(
+            context["queue"], [to_spec(item, trace) for item in data["tasks"]]
+        )
         created = any(result.created for result in results)
         return (
             {"results": [enqueued_to_dict(result) for result in results]},
