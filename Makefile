@@ -105,10 +105,12 @@ $(PROMETHEUS_STAMP): | $(STAMP)
 # The suite runs in TEST_PROCESSES processes (pytest-xdist), a test file per process at a
 # time: most tests wait on servers they started, not on the CPU.  Each process has its own
 # test database and Redis db (tests/workers.py).  TEST_PROCESSES=0 runs it in one process.
+# The whole suite also lists its 25 slowest steps, to keep an eye on its time.
 TEST_PROCESSES ?= 3
 test: $(STAMP) $(BROWSER_STAMP) $(PGBOUNCER_STAMP) $(PROMETHEUS_STAMP)
 	@echo "+ pytest -n $(TEST_PROCESSES) $(ARGS)"
-	@$(DEVSERVICES) run --throwaway -- python -m pytest -n $(TEST_PROCESSES) --dist loadfile $(ARGS) \
+	@$(DEVSERVICES) run --throwaway -- python -m pytest -n $(TEST_PROCESSES) --dist loadfile \
+	  $(if $(strip $(ARGS)),$(ARGS),--durations=25) \
 	  $(if $(strip $(ARGS)),,|| { rc=$$?; [ $$rc -eq 5 ] && echo "pytest: no tests collected" && exit 0; exit $$rc; })
 
 lint: $(STAMP)
