@@ -159,7 +159,7 @@ def _digest(raw: bytes, label: bytes, size: int) -> bytes:
     return value if any(value) else b"\x01".rjust(size, b"\x00")  # all zeros is invalid
 
 
-_ids = random.Random()  # outcome spans' ids: nothing names them, nothing guesses them
+_ids = random.Random()  # nosec B311 - outcome spans' ids: nothing names them, nothing guesses them
 
 
 def _random_id() -> bytes:
