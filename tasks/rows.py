@@ -37,15 +37,18 @@ class NewTask:
     name: str | None = None
     http_request: dict[str, Any] | None = None
     retry_config: dict[str, Any] | None = None
+    fairness_key: str | None = None
 
 
 class Buffered(NamedTuple):
-    """A task `transitions.buffer_due` moved into the buffer (`http`: to the push lane)."""
+    """A task `transitions.buffer_due` moved into the buffer (`http`: to the push lane;
+    `key`: its fairness key's ready set)."""
 
     task_id: str
     priority: int
     scheduled_at: datetime
     http: bool = False
+    key: str | None = None
 
 
 def json_or_none(value: Any) -> str | None:
@@ -79,11 +82,41 @@ def stored_task(
     values[_AT["name"]] = item.name
     values[_AT["http_request"]] = item.http_request
     values[_AT["retry_config"]] = item.retry_config
+    values[_AT["fairness_key"]] = item.fairness_key
     values[_AT["created_at"]] = values[_AT["updated_at"]] = now
     values[_AT["status_changed_at"]] = now
     task = build(values)
     internals.cache_related(_QUEUE, task, item.queue)
     return task
+
+
+def create_params(queue_id: Any, group: list[Task], now: datetime, *, wake: bool) -> dict[str, Any]:
+    """The CREATE statement's parameters for one queue's new tasks (tasks.sql.CREATE).
+
+    Due tasks left `pending` wake the dispatchers, those without a fairness key
+    only when `wake`; the earliest task due later wakes the schedulers.
+    """
+    later = [task.scheduled_at for task in group if task.scheduled_at > now]
+    return {
+        "queue_id": queue_id,
+        "now": now,
+        "ids": pg.array(task.pk for task in group),
+        "payloads": pg.array(jsonutil.dumps(task.payload).decode() for task in group),
+        "priorities": pg.array(task.priority for task in group),
+        "scheduled": pg.array(task.scheduled_at for task in group),
+        "max_retries": pg.array(task.max_retries for task in group),
+        "keys": pg.array(task.idempotency_key for task in group),
+        "buffer": pg.array(task.status == "claimed" for task in group),
+        "names": pg.array(task.name for task in group),
+        "http": pg.array(json_or_none(task.http_request) for task in group),
+        "retry": pg.array(json_or_none(task.retry_config) for task in group),
+        "fairness_keys": pg.array(task.fairness_key for task in group),
+        "notify": any(
+            t.status == "pending" and t.scheduled_at <= now and (wake or t.fairness_key is not None)
+            for t in group
+        ),
+        "wake_at": f"{min(later).timestamp():.6f}" if later else None,
+    }
 
 
 # Statement text -> the names of its result's columns.  psycopg's `description`
