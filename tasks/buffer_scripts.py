@@ -160,8 +160,8 @@ TAKE = TAKE.replace("FAIR_POP", FAIR_POP)
 # queue's key prefix, ARGV[6...] task ids.  Frees the ids' slots, and the
 # slots of their fairness keys (`ktask` says whose an id holds); a key parked
 # at its cap with a slot free again goes back into its ring.  When the queue
-# was at its cap, or a key came back, wakes waiting claims (a slot frees as
-# a new task would).  Returns how many slots were freed.
+# was at its cap, or a key with buffered tasks was at its own, wakes waiting
+# claims (a slot frees as a new task would).  Returns how many slots were freed.
 RELEASE = r"""
 local cap = tonumber(ARGV[1])
 local kcap = tonumber(ARGV[4])
@@ -177,14 +177,18 @@ for i = 6, #ARGV do
     redis.call('HDEL', P .. 'ktask', ARGV[i])
     local left = redis.call('HINCRBY', P .. 'krun', key, -1)
     if left <= 0 then redis.call('HDEL', P .. 'krun', key) end
-    if (kcap == 0 or left < kcap) and redis.call('SREM', P .. 'cpark', key) == 1 then
+    if kcap == 0 or left < kcap then
       local head = redis.call('ZRANGE', P .. 'k:' .. key, 0, 0, 'WITHSCORES')
-      if #head > 0 then
+      if redis.call('SREM', P .. 'cpark', key) == 1 and #head > 0 then
         local r = P .. 'ring:' .. math.floor(tonumber(head[2]) / W)
         local first = redis.call('ZRANGE', r, 0, 0, 'WITHSCORES')
         local vt = 0
         if #first > 0 then vt = tonumber(first[2]) end
         redis.call('ZADD', r, vt, key)
+        back = back + 1
+      elseif #head > 0 and kcap > 0 and left + 1 >= kcap then
+        -- At its cap until now, not parked yet (a count rebuilt meanwhile put
+        -- it back in its ring): a claim may be waiting for it all the same.
         back = back + 1
       end
     end

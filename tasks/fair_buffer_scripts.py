@@ -188,44 +188,53 @@ end
 PUSH_KEYED = r"""
 local P = ARGV[1]
 local W = 10000000000000
-local groups, order = {}, {}
+local groups, order, best = {}, {}, {}
 for i = 2, #ARGV, 3 do
   local key = ARGV[i + 2]
   local g = groups[key]
+  local sc = tonumber(ARGV[i + 1])
   if g == nil then
     g = {}
     groups[key] = g
     order[#order + 1] = key
+    best[key] = sc
+  elseif sc < best[key] then
+    best[key] = sc
   end
   g[#g + 1] = ARGV[i + 1]
   g[#g + 1] = ARGV[i]
 end
-local function headp(zk)
-  local head = redis.call('ZRANGE', zk, 0, 0, 'WITHSCORES')
-  if #head == 0 then return nil end
-  return math.floor(tonumber(head[2]) / W)
-end
+local cparked = redis.call('EXISTS', P .. 'cpark') == 1
+local rparked = redis.call('EXISTS', P .. 'rpark') == 1
+-- Each ring's least time, read once: a key joining at it leaves it the least.
+local least = {}
 local function join(key, p)
   local r = P .. 'ring:' .. p
-  local first = redis.call('ZRANGE', r, 0, 0, 'WITHSCORES')
-  local vt = 0
-  if #first > 0 then vt = tonumber(first[2]) end
-  redis.call('ZADD', r, vt, key)
+  if least[p] == nil then
+    local first = redis.call('ZRANGE', r, 0, 0, 'WITHSCORES')
+    least[p] = 0
+    if #first > 0 then least[p] = tonumber(first[2]) end
+  end
+  redis.call('ZADD', r, least[p], key)
 end
 redis.call('HSET', KEYS[1], 'on', '1')
 local added = 0
 for _, key in ipairs(order) do
   local zk = P .. 'k:' .. key
-  local old = headp(zk)
+  local head = redis.call('ZRANGE', zk, 0, 0, 'WITHSCORES')
   added = added + redis.call('ZADD', zk, 'NX', unpack(groups[key]))
-  local new = headp(zk)
-  local parked = redis.call('SISMEMBER', P .. 'cpark', key) == 1
-    or redis.call('ZSCORE', P .. 'rpark', key)
-  if old == nil then
+  local parked = (cparked and redis.call('SISMEMBER', P .. 'cpark', key) == 1)
+    or (rparked and redis.call('ZSCORE', P .. 'rpark', key))
+  local new = math.floor(best[key] / W)
+  if #head == 0 then
     if not parked then join(key, new) end
-  elseif new < old and redis.call('ZSCORE', P .. 'ring:' .. old, key) then
-    redis.call('ZREM', P .. 'ring:' .. old, key)
-    join(key, new)
+  else
+    local old = math.floor(tonumber(head[2]) / W)
+    if new < old and redis.call('ZSCORE', P .. 'ring:' .. old, key) then
+      redis.call('ZREM', P .. 'ring:' .. old, key)
+      least[old] = nil
+      join(key, new)
+    end
   end
 end
 return added
