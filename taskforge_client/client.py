@@ -19,6 +19,7 @@ from taskforge_client.models import (
     DeadLetter,
     Heartbeat,
     Queue,
+    QueueKey,
     Schedule,
     Stats,
     Task,
@@ -54,6 +55,9 @@ class TaskForge(Http):
         max_concurrency: int | None = None,
         push: dict[str, Any] | None = None,
         paused: bool | None = None,
+        key_weights: Mapping[str, int] | None = None,
+        key_max_concurrency: int | None = None,
+        key_rate_limit: float | None = None,
     ) -> Queue:
         """Create a queue (admin). Raises `Conflict` (`queue_exists`) when it exists.
 
@@ -61,6 +65,8 @@ class TaskForge(Http):
         across all workers (None: unlimited).
         `push`: `{"url": ..., "timeout_seconds"?: 30, "headers"?: {...}}` to have
         TaskForge POST each task to that URL instead of workers claiming it.
+        `key_weights`, `key_max_concurrency`, `key_rate_limit`: how the queue shares
+        its hand-outs between fairness keys (weights 1..100, a cap and a rate per key).
         """
         body: dict[str, Any] = {"name": name}
         if max_retries is not None:
@@ -73,6 +79,12 @@ class TaskForge(Http):
             body["push"] = push
         if paused is not None:
             body["paused"] = paused
+        if key_weights is not None:
+            body["key_weights"] = dict(key_weights)
+        if key_max_concurrency is not None:
+            body["key_max_concurrency"] = key_max_concurrency
+        if key_rate_limit is not None:
+            body["key_rate_limit"] = key_rate_limit
         return Queue.from_dict(self.request("POST", "/queues", body))
 
     def list_queues(self, *, limit: int | None = None) -> list[Queue]:
@@ -92,10 +104,15 @@ class TaskForge(Http):
         max_concurrency: int | None = _UNSET,
         push: dict[str, Any] | None = _UNSET,
         paused: bool | None = None,
+        key_weights: Mapping[str, int] | None = None,
+        key_max_concurrency: int | None = _UNSET,
+        key_rate_limit: float | None = _UNSET,
     ) -> Queue:
         """Change a queue's settings (admin). `rate_limit=None` removes the limit,
         `max_concurrency=None` the cap (tasks running past a lowered cap go on),
-        `push=None` push delivery (a new `push` replaces the old one whole)."""
+        `push=None` push delivery (a new `push` replaces the old one whole);
+        `key_weights` replaces the map whole (`{}` clears it), `key_max_concurrency=None`
+        and `key_rate_limit=None` remove the per-key cap and rate."""
         body: dict[str, Any] = {}
         if max_retries is not None:
             body["max_retries"] = max_retries
@@ -107,6 +124,12 @@ class TaskForge(Http):
             body["push"] = push
         if paused is not None:
             body["paused"] = paused
+        if key_weights is not None:
+            body["key_weights"] = dict(key_weights)
+        if key_max_concurrency is not _UNSET:
+            body["key_max_concurrency"] = key_max_concurrency
+        if key_rate_limit is not _UNSET:
+            body["key_rate_limit"] = key_rate_limit
         return Queue.from_dict(self.request("PATCH", f"/queues/{_q(name)}", body))
 
     def delete_queue(self, name: str) -> None:
@@ -138,6 +161,7 @@ class TaskForge(Http):
         at: datetime | None = None,
         idempotency_key: str | None = None,
         max_retries: int | None = None,
+        fairness_key: str | None = None,
     ) -> Task:
         """Add a task to `queue` and return it.
 
@@ -149,8 +173,10 @@ class TaskForge(Http):
             idempotency_key: a second enqueue with the same key in this queue returns the
                 first task instead of adding one; only keyed enqueues are retried.
             max_retries: overrides the queue's.
+            fairness_key: the tenant (customer, account) the task belongs to: the queue
+                takes turns between keys, so one key's backlog does not delay another's.
         """
-        spec = TaskSpec(payload, priority, delay, at, idempotency_key, max_retries)
+        spec = TaskSpec(payload, priority, delay, at, idempotency_key, max_retries, fairness_key)
         answer = self.request(
             "POST",
             f"/queues/{_q(queue)}/tasks",
@@ -193,13 +219,17 @@ class TaskForge(Http):
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         limit: int | None = 100,
+        fairness_key: str | None = None,
     ) -> list[Task]:
-        """Tasks of a queue, newest first: at most `limit` (None: all, following pages)."""
+        """Tasks of a queue, newest first: at most `limit` (None: all, following pages).
+
+        `fairness_key`: only that key's tasks (`""`: only tasks without a key)."""
         params = {
             "status": status,
             "claimed_by": claimed_by,
             "created_after": created_after,
             "created_before": created_before,
+            "fairness_key": fairness_key,
         }
         return list(self._paginate(f"/queues/{_q(queue)}/tasks", params, Task.from_dict, limit))
 
@@ -207,6 +237,14 @@ class TaskForge(Http):
         """A task's state transitions, oldest first."""
         path = f"/queues/{_q(queue)}/tasks/{_q(task_id)}/events"
         return list(self._paginate(path, {}, TaskEvent.from_dict, None))
+
+    def list_keys(
+        self, queue: str, *, min_pending: int | None = None, limit: int | None = None
+    ) -> list[QueueKey]:
+        """The queue's fairness keys with live tasks (the anonymous key, `key` None, first),
+        those with at least `min_pending` due tasks; every one (following pages) or `limit`."""
+        params = {"min_pending": min_pending}
+        return list(self._paginate(f"/queues/{_q(queue)}/keys", params, QueueKey.from_dict, limit))
 
     def stats(self, queue: str) -> Stats:
         """Depth, DLQ depth, throughput and error rate of a queue."""

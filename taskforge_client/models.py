@@ -33,6 +33,7 @@ class TaskSpec:
     at: datetime | None = None
     idempotency_key: str | None = None
     max_retries: int | None = None
+    fairness_key: str | None = None
 
     def body(self) -> dict[str, Any]:
         """The enqueue body of API.md."""
@@ -51,6 +52,8 @@ class TaskSpec:
             body["idempotency_key"] = self.idempotency_key
         if self.max_retries is not None:
             body["max_retries"] = self.max_retries
+        if self.fairness_key is not None:
+            body["fairness_key"] = self.fairness_key
         return body
 
 
@@ -76,6 +79,10 @@ class Queue:
     max_concurrency: int | None = None
     # None: workers claim the tasks; else {"url", "timeout_seconds", "headers"} (v1.1).
     push: dict[str, Any] | None = None
+    # Fairness keys (v1.2): weights by key, and each key's cap and rate (None: none).
+    key_weights: dict[str, int] = field(default_factory=dict)
+    key_max_concurrency: int | None = None
+    key_rate_limit: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Queue:
@@ -89,6 +96,9 @@ class Queue:
             raw=data,
             max_concurrency=data.get("max_concurrency"),
             push=data.get("push"),
+            key_weights=dict(data.get("key_weights") or {}),
+            key_max_concurrency=data.get("key_max_concurrency"),
+            key_rate_limit=data.get("key_rate_limit"),
         )
 
 
@@ -115,6 +125,8 @@ class Task:
     finished_at: datetime | None
     lease_expires_at: datetime | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # The task's fairness key (v1.2); None for the anonymous key.
+    fairness_key: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Task:
@@ -138,6 +150,7 @@ class Task:
             finished_at=parse_time(data.get("finished_at")),
             lease_expires_at=parse_time(data.get("lease_expires_at")),
             raw=data,
+            fairness_key=data.get("fairness_key"),
         )
 
 
@@ -218,6 +231,8 @@ class Stats:
     error_rate: float
     oldest_pending_age_seconds: float | None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # Fairness keys with live tasks, the anonymous key included (v1.2).
+    keys: int = 0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Stats:
@@ -229,6 +244,30 @@ class Stats:
             dlq_depth=int(data.get("dlq_depth", 0)),
             throughput_per_second=float(data.get("throughput_per_second") or 0.0),
             error_rate=float(data.get("error_rate") or 0.0),
+            oldest_pending_age_seconds=data.get("oldest_pending_age_seconds"),
+            raw=data,
+            keys=int(data.get("keys", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class QueueKey:
+    """One fairness key of a queue: `GET /queues/:name/keys` (`key` None: the anonymous key)."""
+
+    key: str | None
+    pending: int
+    executing: int
+    retry: int
+    oldest_pending_age_seconds: float | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QueueKey:
+        return cls(
+            key=data.get("key"),
+            pending=int(data.get("pending", 0)),
+            executing=int(data.get("executing", 0)),
+            retry=int(data.get("retry", 0)),
             oldest_pending_age_seconds=data.get("oldest_pending_age_seconds"),
             raw=data,
         )

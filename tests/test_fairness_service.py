@@ -412,3 +412,36 @@ def test_fault__redis_flushed_mid_run_with_1000_keys(
         f"(within {reconcile + 1}s of the flush: {max(inside, default=0)})"
     )
     assert max(outside) <= cap
+
+
+def test_sdk__carries_the_fairness_fields(api: Clients, fair_service: Service) -> None:
+    from taskforge_client import TaskForge, TaskSpec
+
+    admin = api.admin.key or ""
+    with TaskForge(fair_service.base_url, admin) as client:
+        queue = client.create_queue(
+            "sdkfair", key_weights={"A": 2}, key_max_concurrency=3, key_rate_limit=2.5
+        )
+        assert (queue.key_weights, queue.key_max_concurrency, queue.key_rate_limit) == (
+            {"A": 2},
+            3,
+            2.5,
+        )
+        changed = client.update_queue("sdkfair", key_weights={}, key_rate_limit=None)
+        assert (changed.key_weights, changed.key_max_concurrency, changed.key_rate_limit) == (
+            {},
+            3,
+            None,
+        )
+        one = client.enqueue("sdkfair", {"n": 1}, fairness_key="A")
+        assert one.fairness_key == "A"
+        many = client.enqueue_many(
+            "sdkfair", [TaskSpec({"n": 2}, fairness_key="B"), {"payload": 3}]
+        )
+        assert [t.fairness_key for t in many] == ["B", None]
+        with client.batcher() as batcher:
+            assert batcher.enqueue("sdkfair", {"n": 4}, fairness_key="C").fairness_key == "C"
+        assert [k.key for k in client.list_keys("sdkfair")] == [None, "A", "B", "C"]
+        assert [k.key for k in client.list_keys("sdkfair", limit=2)] == [None, "A"]
+        assert [t.fairness_key for t in client.list_tasks("sdkfair", fairness_key="")] == [None]
+        assert client.stats("sdkfair").keys == 4

@@ -156,3 +156,32 @@ def test_task_list__fairness_key_filter(producer_client: APIClient) -> None:
     }
     bad = producer_client.get("/queues/q/keys?cursor=WzIsImEiXQ")  # [2,"a"]: not this list's
     assert bad.status_code == status.HTTP_400_BAD_REQUEST
+
+
+def test_createqueue__key_settings() -> None:
+    import json
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    call_command(
+        "createqueue",
+        "cli",
+        "--key-weight",
+        "A=3",
+        "--key-weight",
+        "x=y=2",
+        "--key-max-concurrency",
+        "4",
+        "--key-rate-limit",
+        "0.5",
+        stdout=out,
+    )
+    shown = json.loads(out.getvalue())
+    assert shown["key_weights"] == {"A": 3, "x=y": 2}
+    assert (shown["key_max_concurrency"], shown["key_rate_limit"]) == (4, 0.5)
+    with pytest.raises(CommandError, match="key_weights"):
+        call_command("createqueue", "cli2", "--key-weight", "A=0")
+    with pytest.raises(CommandError, match="key_rate_limit"):
+        call_command("createqueue", "cli2", "--key-rate-limit", "0")
