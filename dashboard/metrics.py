@@ -50,7 +50,7 @@ class DatabaseGauges:
 
     def collect(self) -> Iterator[Metric]:
         try:
-            depth, dlq, ages, caps = self._read()
+            depth, dlq, ages, caps, keys = self._read()
         except DatabaseError as exc:
             logger.warning("metrics.gauges_unavailable", extra={"error": repr(exc)})
             return
@@ -89,11 +89,22 @@ class DatabaseGauges:
         )
         for worker_id, age in ages:
             heartbeat_age.add_metric([worker_id], age)
-        yield from (queue_depth, running, cap, dlq_depth, heartbeat_age)
+        queue_keys = GaugeMetricFamily(
+            "taskforge_queue_keys",
+            "Fairness keys with live tasks by queue, the anonymous key included.",
+            labels=["queue"],
+        )
+        for queue, count in keys.items():
+            queue_keys.add_metric([queue], count)
+        yield from (queue_depth, running, cap, dlq_depth, heartbeat_age, queue_keys)
 
     @staticmethod
     def _read() -> tuple[
-        dict[str, dict[str, int]], dict[str, int], list[tuple[str, float]], dict[str, int]
+        dict[str, dict[str, int]],
+        dict[str, int],
+        list[tuple[str, float]],
+        dict[str, int],
+        dict[str, int],
     ]:
         now = timezone.now()
         with transaction.atomic():
@@ -111,7 +122,8 @@ class DatabaseGauges:
         dlq = {queue.name: stats[queue.id]["dlq_depth"] for queue in queues}
         ages = [(worker_id, max((now - at).total_seconds(), 0.0)) for worker_id, at in seen]
         caps = {q.name: q.max_concurrency for q in queues if q.max_concurrency is not None}
-        return depth, dlq, ages, caps
+        keys = {queue.name: stats[queue.id]["keys"] for queue in queues}
+        return depth, dlq, ages, caps, keys
 
 
 class _Scrape:

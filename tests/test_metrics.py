@@ -687,3 +687,13 @@ def test_metrics__summed_across_run_api_processes_and_loops_with_no_setting(
         assert len(directories) == 1, directories
     finally:
         svc.stop()
+
+
+@pytest.mark.django_db
+def test_metrics__fairness_keys_by_queue() -> None:
+    keyed = QueueFactory(name=unique("keyed"))
+    for key in ("a", "a", "b", None):
+        TaskFactory(queue=keyed, fairness_key=key)
+    TaskFactory(queue=keyed, fairness_key="gone", status=S.DONE)
+    samples = scrape(Client())
+    assert value(samples, "taskforge_queue_keys", queue=keyed.name) == 3  # a, b, anonymous
