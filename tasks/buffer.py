@@ -65,6 +65,7 @@ from redis.cluster import RedisCluster
 
 from taskforge.conf import conf
 from taskforge.lib.redisconn import Client, channel, connect
+from tasks import fair_buffer
 from tasks.buffer_scripts import ADMIT, COUNT, PRUNE, RELEASE, TAKE
 from tasks.fair_buffer import NO_KEY_LIMITS, KeyedBuffer, fair_key, prefix, text, weights_version
 from tasks.fair_buffer import KeyLimits as KeyLimits  # a take's, named here for its callers
@@ -139,6 +140,7 @@ SEEN_SIZE_SECONDS = 0.1
 def forget_seen_sizes() -> None:
     """Forget the sizes seen (tests: another Redis db, queues reused by name)."""
     _seen_sizes.clear()
+    fair_buffer.forget_seen_key_sizes()
 
 
 class Admission(enum.Enum):
@@ -224,9 +226,9 @@ class Buffer(KeyedBuffer):
         _seen_sizes[str(queue_id)] = (int(size), time.monotonic())
         return int(added)
 
-    def wake_count(self, queue_id: uuid.UUID | str, count: int) -> None:
-        """Wake about `count` waiting claims of the queue."""
-        self.client.publish(wake_channel(), f"{queue_id}:{count}")
+    def wake_message(self, queue_id: uuid.UUID | str, count: int) -> tuple[str, str]:
+        """The channel and message that wake about `count` claims of the queue."""
+        return wake_channel(), f"{queue_id}:{count}"
 
     def admit(self, queue_id: uuid.UUID | str, count: int, best_score: int) -> Admission:
         """Where an enqueue's `count` due tasks go, the most urgent scoring `best_score`.

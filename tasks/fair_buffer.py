@@ -41,6 +41,7 @@ count, and a lost bucket starts full.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -98,6 +99,17 @@ class KeyLimits:
 
 NO_KEY_LIMITS = KeyLimits()
 
+# (queue id, key) -> (the key's set size as this process's last push left it,
+# time.monotonic()): `admit_keyed` skips Redis for a key seen with room twice
+# over within SEEN_SIZE_SECONDS, as `tasks.buffer` does for the anonymous key.
+_seen_key_sizes: dict[tuple[str, str], tuple[int, float]] = {}
+SEEN_SIZE_SECONDS = 0.1
+SEEN_KEYS_MAX = 100_000
+
+
+def forget_seen_key_sizes() -> None:
+    _seen_key_sizes.clear()
+
 
 def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
@@ -115,7 +127,8 @@ class KeyedBuffer:
         self._forget_keyed = client.register_script(FORGET_KEYED)
         self._weights = client.register_script(WEIGHTS)
 
-    def wake_count(self, queue_id: uuid.UUID | str, count: int) -> None:
+    def wake_message(self, queue_id: uuid.UUID | str, count: int) -> tuple[str, str]:
+        """The channel and message that wake about `count` claims of the queue."""
         raise NotImplementedError
 
     def push_keyed(
@@ -128,39 +141,58 @@ class KeyedBuffer:
         """Add `(task_id, score, fairness_key)` triples to their keys' ready sets.
 
         An id already there keeps its place; a key that had none joins its
-        ring (tasks.buffer_scripts.PUSH_KEYED).  With `wake`, also tell
-        waiting long polls.
+        ring (tasks.fair_buffer_scripts.PUSH_KEYED).  With `wake`, also tell
+        waiting long polls, in the same round trip.  Remembers each key's size
+        for `admit_keyed`.
         """
         flat: list[str | int] = []
-        count = 0
         for task_id, task_score, key in items:
             flat += (task_id, task_score, key)
-            count += 1
-        if not count:
+        if not flat:
             return 0
         added = 0
         # Chunks keep each script's arguments well under Lua's unpack limit.
         step = 3 * 2000
         for i in range(0, len(flat), step):
-            added += int(
-                self._push_keyed(
-                    keys=[fair_key(queue_id)], args=[prefix(queue_id), *flat[i : i + step]]
-                )
+            chunk = flat[i : i + step]
+            channel, message = self.wake_message(queue_id, len(chunk) // 3) if wake else ("", "")
+            answer = self._push_keyed(
+                keys=[fair_key(queue_id)], args=[prefix(queue_id), channel, message, *chunk]
             )
-        if wake:
-            self.wake_count(queue_id, count)
+            added += int(answer[0])
+            keys = list(dict.fromkeys(str(key) for key in chunk[2::3]))
+            now = time.monotonic()
+            if len(_seen_key_sizes) > SEEN_KEYS_MAX:
+                _seen_key_sizes.clear()
+            for key, size in zip(keys, answer[1:], strict=True):
+                _seen_key_sizes[(str(queue_id), key)] = (int(size), now)
         return added
 
     def admit_keyed(self, queue_id: uuid.UUID | str, counts: Mapping[str, int]) -> set[str]:
-        """The fairness keys whose `counts[key]` due tasks fit in their ready sets now."""
+        """The fairness keys whose `counts[key]` due tasks fit in their ready sets now.
+
+        One round trip, or none for keys this process's last push left, under
+        SEEN_SIZE_SECONDS ago, with room for them twice over (as `Buffer.admit`).
+        """
         if not counts:
             return set()
-        keys = list(counts)
+        admitted: set[str] = set()
+        now = time.monotonic()
+        half = conf.BUFFER_SIZE // 2
+        keys = []
+        for key, count in counts.items():
+            seen = _seen_key_sizes.get((str(queue_id), key))
+            if seen is not None and seen[0] + count <= half and now - seen[1] < SEEN_SIZE_SECONDS:
+                admitted.add(key)
+            else:
+                keys.append(key)
+        if not keys:
+            return admitted
         args: list[str | int] = [prefix(queue_id), conf.BUFFER_SIZE]
         for key in keys:
             args += (key, counts[key])
         answer = self._admit_keyed(keys=[fair_key(queue_id)], args=args)
-        return {key for key, fits in zip(keys, answer, strict=True) if int(fits)}
+        return admitted | {key for key, fits in zip(keys, answer, strict=True) if int(fits)}
 
     def key_sizes(self, queue_id: uuid.UUID | str, keys: Sequence[str]) -> list[int]:
         """How many tasks each fairness key has in its ready set (one round trip)."""

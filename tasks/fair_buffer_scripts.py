@@ -179,17 +179,19 @@ else
   end
 end
 """
-# KEYS[1] the queue's fairness mark; ARGV[1] the queue's key prefix, ARGV[2...]
-# (task id, score, fairness key) triples.  Adds each id to its key's ready set
-# (an id already there keeps its place), and puts a key that had none into the
-# ring of its head's priority at the ring's least virtual time (or moves it to
-# a more urgent ring when a more urgent task arrived), unless it is parked at
-# its cap or rate.  Returns how many were added.
+# KEYS[1] the queue's fairness mark; ARGV[1] the queue's key prefix, ARGV[2]
+# the wake channel ('' for none) and ARGV[3] its message, ARGV[4...] (task id,
+# score, fairness key) triples.  Adds each id to its key's ready set (an id
+# already there keeps its place), and puts a key that had none into the ring
+# of its head's priority at the ring's least virtual time (or moves it to a
+# more urgent ring when a more urgent task arrived), unless it is parked at
+# its cap or rate; then wakes waiting claims.  Returns {how many were added,
+# then each key's set size, in the order the keys first came}.
 PUSH_KEYED = r"""
 local P = ARGV[1]
 local W = 10000000000000
 local groups, order, best = {}, {}, {}
-for i = 2, #ARGV, 3 do
+for i = 4, #ARGV, 3 do
   local key = ARGV[i + 2]
   local g = groups[key]
   local sc = tonumber(ARGV[i + 1])
@@ -237,7 +239,14 @@ for _, key in ipairs(order) do
     end
   end
 end
-return added
+if ARGV[2] ~= '' then
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+local sizes = {added}
+for _, key in ipairs(order) do
+  sizes[#sizes + 1] = redis.call('ZCARD', P .. 'k:' .. key)
+end
+return sizes
 """
 
 # KEYS[1] the queue's fairness mark; ARGV[1] the queue's key prefix, ARGV[2]
