@@ -187,12 +187,14 @@ def test_buffer__fairness_keys_in_one_slot_per_queue_on_every_node(
     for n in range(12):  # hash tags on every node
         queue_id = f"fq{n}"
         buffer.count(queue_id, [])
-        buffer.push_keyed(queue_id, [("a1", 5, "A"), ("a2", 6, "A"), ("b1", 7, "B")])
-        assert sorted(buffer.take(queue_id, 10, None, None, keys=limits).ids) == ["a1", "b1"]
+        at = 5 * 10**13  # priority 5 (tasks.buffer.score)
+        buffer.push_keyed(queue_id, [("a1", at, "A"), ("a2", at + 1, "A"), ("b1", at + 2, "B")])
+        taken = buffer.take(queue_id, 10, None, None, keys=limits)
+        assert sorted(taken.ids) == ["a1", "b1"]
         assert buffer.release(queue_id, ["a1"], None, 1) == 1
         assert buffer.take(queue_id, 10, None, None, keys=limits).ids == ["a2"]
         assert buffer.key_sizes(queue_id, ["A", "B"]) == [0, 0]
-        buffer.push_keyed(queue_id, [("c1", 5, "C")])
+        buffer.push_keyed(queue_id, [("c1", at, "C")])
         assert buffer.pop_all(queue_id) == ["c1"]
         buffer.forget_queue(queue_id)
 
