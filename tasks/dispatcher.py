@@ -180,6 +180,7 @@ class DispatcherLoop(Loop):
         rooms: dict[str, int] = {}
         budget = KEYED_BATCH
         backlog = False
+        last = keys[-1]  # the last key looked at: the next pass goes on after it
         for key, size in zip(keys, sizes, strict=True):
             room = min(conf.BUFFER_SIZE - size, budget)
             if room <= 0:
@@ -188,6 +189,7 @@ class DispatcherLoop(Loop):
             rooms[key] = room
             budget -= room
             if budget <= 0:
+                last = key
                 break
         tasks = transitions.buffer_due(queue, rooms=rooms) if rooms else []
         if tasks:
@@ -206,16 +208,17 @@ class DispatcherLoop(Loop):
         got: dict[str, int] = {}
         for task in tasks:
             got[cast(str, task.key)] = got.get(cast(str, task.key), 0) + 1
-        filled = any(got.get(key, 0) >= room for key, room in rooms.items())
-        looked = keys[: len(rooms)] if budget <= 0 else keys
+        # A key given all the room it had may have more waiting, as may one with none.
+        backlog = backlog or any(got.get(key, 0) >= room for key, room in rooms.items())
         if budget <= 0 or len(keys) == KEYS_PER_PASS:
-            self._key_after[str(queue.id)] = looked[-1]
-            return MORE
-        self._key_after.pop(str(queue.id), None)
-        if filled or backlog:
-            # A key's buffer is full with more waiting: look again soon.
-            return FULL
-        return IDLE
+            self._key_after[str(queue.id)] = last
+            if tasks:
+                return MORE
+        else:
+            self._key_after.pop(str(queue.id), None)
+        # Keys whose pending tasks are not due yet are looked at again at the next
+        # pass (the tick, a NOTIFY), not in a loop.
+        return FULL if backlog else IDLE
 
     def drain(self, queue: Queue) -> None:
         """Take a paused queue's buffered tasks back to `pending`."""
