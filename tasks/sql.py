@@ -173,7 +173,7 @@ ORDER BY priority, scheduled_at, id
 # due tasks in hand-out order (task_pending_key_idx).  Params: queue_id, now,
 # keys (text[]), rooms (int[]).
 BUFFER_DUE_KEYS = Statement(
-    "buffer_due_keys",
+    "buffer_due",  # the verb's keyed form (transitions.buffer_due with rooms)
     frozenset({("pending", "claimed")}),
     f"""
 WITH want AS (
