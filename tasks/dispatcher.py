@@ -43,7 +43,7 @@ from taskforge.lib.redisconn import REDIS_FAILURES
 from tasks import sql, transitions
 from tasks.buffer import HTTP_LANE, get_buffer, score
 from tasks.models import Task, TaskStatus
-from tasks.reconcile import rebuffer_missing
+from tasks.reconcile import rebuffer_missing, restore_key_rates
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class DispatcherLoop(Loop):
                 # data, or the queues are new: restore every claimed task's
                 # entry now rather than after the reconcile delay.
                 rebuffer_missing(claimed_before=None, queue_ids=lost)
+                restore_key_rates([q for q in queues if str(q.id) in set(lost)])
         else:
             queues = list(Queue.objects.filter(id__in=self._woken | self._more | self._full))
         woken = self._woken

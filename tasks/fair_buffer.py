@@ -35,12 +35,13 @@ exactly the v1 keys and cost.  With the same hash tag:
 Scripts name these keys from the queue's prefix (one slot: a cluster
 allows it).  Losing them loses no task: each keyed `claimed` task is
 pushed back by the reconcile, per-key counts are rebuilt with the running
-count, and a lost bucket starts full.
+count, and a lost bucket is set from Postgres (tasks.reconcile.restore_key_rates).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 import zlib
@@ -50,7 +51,14 @@ from typing import Any
 
 from taskforge.conf import conf
 from taskforge.lib.redisconn import Client
-from tasks.fair_buffer_scripts import ADMIT_KEYED, DRAIN_KEYED, FORGET_KEYED, PUSH_KEYED, WEIGHTS
+from tasks.fair_buffer_scripts import (
+    ADMIT_KEYED,
+    DRAIN_KEYED,
+    FORGET_KEYED,
+    KEY_TOKENS,
+    PUSH_KEYED,
+    WEIGHTS,
+)
 
 
 def prefix(queue_id: uuid.UUID | str) -> str:
@@ -126,6 +134,7 @@ class KeyedBuffer:
         self._drain_keyed = client.register_script(DRAIN_KEYED)
         self._forget_keyed = client.register_script(FORGET_KEYED)
         self._weights = client.register_script(WEIGHTS)
+        self._key_tokens = client.register_script(KEY_TOKENS)
 
     def wake_message(self, queue_id: uuid.UUID | str, count: int) -> tuple[str, str]:
         """The channel and message that wake about `count` claims of the queue."""
@@ -220,6 +229,18 @@ class KeyedBuffer:
         for task_id, key in tasks:
             pipe.zscore(key_ready_key(queue_id, key), task_id)
         return [value is not None for value in pipe.execute()]
+
+    def restore_key_tokens(
+        self, queue_id: uuid.UUID | str, tokens: Mapping[str, float], rate: float
+    ) -> None:
+        """Set the buckets of keys of a queue of `key_rate_limit` `rate` to at most `tokens`."""
+        if not tokens:
+            return
+        burst = max(1, math.ceil(rate))
+        args: list[str | float | int] = [prefix(queue_id), math.ceil(burst * 1000 / rate) + 1000]
+        for key, value in tokens.items():
+            args += (key, value)
+        self._key_tokens(keys=[fair_key(queue_id)], args=args)
 
     def drain_keyed(self, queue_id: uuid.UUID | str) -> list[str]:
         """Empty every fairness key's ready set (a paused queue); their ids."""

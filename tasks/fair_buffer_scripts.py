@@ -321,3 +321,24 @@ for i = 3, #ARGV, 2 do
 end
 return answer
 """
+
+
+# ARGV[1] the queue's key prefix, ARGV[2] the buckets' lifetime (ms), ARGV[3...]
+# (fairness key, tokens) pairs.  Sets each key's bucket to at most that many
+# tokens now (a bucket a take made meanwhile keeps fewer, if it has fewer).
+KEY_TOKENS = r"""
+local P = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 3, #ARGV, 2 do
+  local k = P .. 'kb:' .. ARGV[i]
+  local tokens = tonumber(ARGV[i + 1])
+  local st = redis.call('GET', k)
+  if st then
+    local a = tonumber(string.match(st, '^(%S+) '))
+    if a ~= nil and a < tokens then tokens = a end
+  end
+  redis.call('SET', k, tostring(tokens) .. ' ' .. tostring(now), 'PX', tonumber(ARGV[2]))
+end
+return 1
+"""

@@ -10,12 +10,17 @@ harmless: the hand-out's status guard drops an id that is no longer claimed.
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Collection
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.utils import timezone
 
+from queues.models import Queue
+from taskforge.lib import pg
+from tasks import sql
 from tasks.buffer import HTTP_LANE, get_buffer, score
 from tasks.models import Task, TaskStatus
 
@@ -118,3 +123,28 @@ def _still_claimed(ids: Collection[str]) -> set[str]:
             "id", flat=True
         )
     }
+
+
+def restore_key_rates(queues: Collection[Queue]) -> int:
+    """Give back each fairness key of these queues (whose Redis keys were lost) the
+    bucket its recent hand-outs left, from Postgres; return how many keys.
+
+    A key with key_rate_limit R refills its burst of max(1, ceil(R)) tokens in
+    burst/R seconds: the hand-outs within that time are what its bucket lacks.
+    Without this, each key's bucket would start full again: one burst more.
+    """
+    restored = 0
+    now = timezone.now()
+    for queue in queues:
+        rate = queue.key_rate_limit
+        if not rate:
+            continue
+        burst = max(1, math.ceil(rate))
+        since = now - timedelta(seconds=burst / rate)
+        with pg.cursor() as cursor:
+            cursor.execute(sql.RECENT_KEY_HANDOUTS, {"queue_id": queue.id, "since": since})
+            counts = dict(cursor.fetchall())
+        tokens = {key: max(0.0, burst - count) for key, count in counts.items()}
+        get_buffer().restore_key_tokens(queue.id, tokens, rate)
+        restored += len(tokens)
+    return restored

@@ -417,3 +417,23 @@ ORDER BY 2 DESC, 3 DESC, fairness_key COLLATE "C" NULLS FIRST
 LIMIT %(limit)s
 """
 )
+
+
+# -- recent key hand-outs (tasks.reconcile.restore_key_rates) --
+# Per fairness key of a queue, the hand-outs since `since`: tasks executing
+# that were handed out since then (task_executing_since_idx) and attempts that
+# ended since then and had begun since then (taskevent_outcome_idx).  What a
+# key's bucket holds again after Redis lost it.  Params: queue_id, since.
+RECENT_KEY_HANDOUTS = """
+SELECT t.fairness_key, count(*) FROM (
+    SELECT id FROM tasks_task
+    WHERE status = 'executing' AND claimed_at IS NOT NULL AND claimed_at > %(since)s
+      AND queue_id = %(queue_id)s
+    UNION ALL
+    SELECT task_id FROM tasks_taskevent
+    WHERE queue_id = %(queue_id)s AND from_status = 'executing' AND at > %(since)s
+      AND claimed_at > %(since)s
+) h JOIN tasks_task t ON t.id = h.id
+WHERE t.fairness_key IS NOT NULL
+GROUP BY t.fairness_key
+"""

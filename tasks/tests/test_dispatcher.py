@@ -223,3 +223,25 @@ def test_dispatch_keys__keys_with_only_later_tasks_do_not_spin(monkeypatch) -> N
     loop = DispatcherLoop()
     outcomes = [loop.dispatch_keys(queue) for _ in range(4)]
     assert dispatcher.MORE not in outcomes[:2]  # nothing moved: no pass again at once
+
+
+def test_restore_key_rates__a_lost_bucket_comes_back_from_postgres(
+    django_capture_on_commit_callbacks,
+) -> None:
+    """After Redis lost a queue's keys, each key's bucket holds what its recent
+    hand-outs left (key_rate_limit 2: burst 2, refilled in 1 s), not a new burst."""
+    from tasks.fair_buffer import KeyLimits
+    from tasks.reconcile import restore_key_rates
+
+    queue = QueueFactory(key_rate_limit=2)
+    for _ in range(2):
+        TaskFactory(queue=queue, fairness_key="A", status=S.EXECUTING)  # handed out now
+    TaskFactory(queue=queue, fairness_key="B", status=S.EXECUTING)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.enqueue(
+            queue, [TaskSpec(payload=n, fairness_key=k) for k in ("A", "B") for n in range(3)]
+        )
+    assert restore_key_rates([queue]) == 2
+    taken = get_buffer().take(queue.id, 10, None, keys=KeyLimits(rate_limit=2))
+    keys = sorted(str(Task.objects.get(pk=i).fairness_key) for i in taken.ids)
+    assert keys == ["B"]  # A spent its burst before the loss; B has one token left
