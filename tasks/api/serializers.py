@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from queues.models import MAX_RETRIES_LIMIT
+from queues.models import FAIRNESS_KEY_MAX_LENGTH, MAX_RETRIES_LIMIT
 from taskforge.api import bodies
 from taskforge.api.exceptions import PayloadTooLarge
 from taskforge.api.fields import AnyJSONField, QuerySerializer, TimeField
@@ -60,6 +60,7 @@ def task_to_dict(task: Task) -> dict[str, Any]:
         # A task of the Cloud Tasks API (API-cloudtasks.md "Native view"); null otherwise.
         "name": task.name,
         "http_request": task.http_request,
+        "fairness_key": task.fairness_key,
     }
 
 
@@ -107,6 +108,10 @@ class TaskSerializer(serializers.Serializer[Any]):
         '(base64 or null), "oidc_token", "dispatch_deadline_seconds"}; null for a native task.',
     )
 
+    fairness_key = serializers.CharField(
+        allow_null=True, help_text="The task's fairness key; null for the anonymous key."
+    )
+
     def to_representation(self, instance: Task) -> dict[str, Any]:
         return task_to_dict(instance)
 
@@ -146,6 +151,13 @@ ENQUEUE = bodies.Obj(
         "delay_seconds": bodies.Number(min_value=0, max_value=MAX_DELAY_SECONDS, required=False),
         "idempotency_key": bodies.Str(min_length=1, max_length=200, required=False),
         "max_retries": bodies.Int(min_value=0, max_value=MAX_RETRIES_LIMIT, required=False),
+        "fairness_key": bodies.Str(
+            min_length=1,
+            max_length=FAIRNESS_KEY_MAX_LENGTH,
+            as_sent=True,
+            required=False,
+            help_text="The task's fairness key (a tenant, a customer); none: the anonymous key.",
+        ),
     },
     check=_one_schedule,
 )
@@ -191,8 +203,20 @@ def to_spec(attrs: dict[str, Any], trace: tuple[str | None, str | None] = (None,
 class TaskListQuerySerializer(QuerySerializer):
     """Query parameters of GET /queues/:name/tasks (all optional)."""
 
+    empty_allowed = ("fairness_key",)
+
     status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
     # A worker id as sent: `claimed_by=%20w1` finds no task of "w1".
     claimed_by = serializers.CharField(max_length=200, trim_whitespace=False, required=False)
     created_after = TimeField(required=False)
     created_before = TimeField(required=False)
+    # A fairness key as sent; empty: the tasks without one.
+    fairness_key = serializers.CharField(
+        max_length=200, trim_whitespace=False, allow_blank=True, required=False
+    )
+
+
+class KeysQuerySerializer(QuerySerializer):
+    """Query parameters of GET /queues/:name/keys (all optional)."""
+
+    min_pending = serializers.IntegerField(min_value=0, required=False)
