@@ -2554,7 +2554,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "with its taskforge_client too, in turn with this one's (A B B A ...)",
     )
     p.add_argument("--clients-ct", type=int, default=8, help="CreateTask threads (cloudtasks)")
-    p.add_argument("--ct-backlog", type=int, default=8000, help="tasks per delivery run")
+    p.add_argument("--ct-backlog", type=int, default=12000, help="tasks per delivery run")
     p.add_argument("--fleet", type=int, default=1000, help="idle long-polling workers")
     p.add_argument("--latency-samples", type=int, default=200)
     p.add_argument("--latency-gap", type=float, default=0.02, help="idle seconds before each")
