@@ -348,8 +348,10 @@ class Buffer:
         scores = self.client.zmscore(ready_key(queue_id, lane), list(task_ids))
         return [value is not None for value in scores]
 
-    def pop_all(self, queue_id: uuid.UUID | str, limit: int = 100_000) -> list[str]:
-        popped = self.client.zpopmin(ready_key(queue_id), limit)
+    def pop_all(
+        self, queue_id: uuid.UUID | str, limit: int = 100_000, *, lane: str = ""
+    ) -> list[str]:
+        popped = self.client.zpopmin(ready_key(queue_id, lane), limit)
         return [_text(member) for member, _ in cast(_Scored, popped)]
 
     def worst_score(self, queue_id: uuid.UUID | str) -> int | None:

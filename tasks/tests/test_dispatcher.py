@@ -62,6 +62,21 @@ def test_tick__skips_paused_queues_and_drains_their_buffer() -> None:
     assert get_buffer().size(queue.id) == 0
 
 
+def test_tick__drains_a_paused_queues_push_lane() -> None:
+    """Tasks with an HTTP target wait in the push lane; paused, they go back to pending,
+    so push processes do not pop them on every pass only to put them back."""
+    queue = QueueFactory()
+    http = {"url": "https://example.com/", "http_method": "POST", "headers": {}}
+    task = TaskFactory(queue=queue, http_request=http)
+    DispatcherLoop().tick()
+    assert statuses(task) == [S.CLAIMED]
+    queue.paused = True
+    queue.save()
+    DispatcherLoop().tick()
+    assert statuses(task) == [S.PENDING]
+    assert get_buffer().take(queue.id, 10, None, lane=buffer_module.HTTP_LANE).ids == []
+
+
 def test_tick__full_buffer_admits_more_urgent_tasks(settings) -> None:
     settings.TASKFORGE_BUFFER_SIZE = 2
     queue = QueueFactory()
