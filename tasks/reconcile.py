@@ -16,7 +16,7 @@ from datetime import datetime
 
 from django.db.models import BooleanField, ExpressionWrapper, Q
 
-from tasks.buffer import HTTP_LANE, get_buffer, score
+from tasks.buffer import HTTP_LANE, RUN_LANE, get_buffer, score
 from tasks.models import Task, TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,12 @@ def rebuffer_missing(
             lane = HTTP_LANE if http else ""
             by_queue[(str(queue_id), lane)].append((str(task_id), score(priority, scheduled_at)))
         for (queue_key, lane), items in by_queue.items():
-            present = buffer.present(queue_key, [task_id for task_id, _ in items], lane=lane)
+            ids = [task_id for task_id, _ in items]
+            present = buffer.present(queue_key, ids, lane=lane)
+            if lane == HTTP_LANE:
+                # A RunTask's task waits in the run lane instead.
+                ran = buffer.present(queue_key, ids, lane=RUN_LANE)
+                present = [a or b for a, b in zip(present, ran, strict=True)]
             missing = [item for item, here in zip(items, present, strict=True) if not here]
             if missing:
                 # A claim may have popped some of them and be committing its
