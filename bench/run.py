@@ -1397,14 +1397,17 @@ class Bench:
     def retire_queue(self, name: str) -> None:
         """Pause the queue so its leftover backlog costs the dispatcher nothing later.
 
-        Waits (up to 10 s) until the dispatcher has taken the queue's buffered tasks back,
-        so that work does not land in the next measurement.
+        Waits (up to 10 s) until the dispatcher has taken the queue's buffered tasks back
+        (both lanes), so that work does not land in the next measurement.
         """
         self.api("POST", f"/queues/{name}/pause")
         key = f"tf:{{{self.queues[name]}}}:ready"
         deadline = time.monotonic() + 10
         with contextlib.suppress(Exception):
-            while self.redis.zcard(key) and time.monotonic() < deadline:
+            # Its own lane and the push lane of its /v2 tasks.
+            while (self.redis.zcard(key) or self.redis.zcard(f"{key}:http")) and (
+                time.monotonic() < deadline
+            ):
                 time.sleep(0.1)
 
     def settle(self, seconds: float = 0.5) -> None:
