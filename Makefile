@@ -105,10 +105,12 @@ $(PROMETHEUS_STAMP): | $(STAMP)
 # The suite runs in TEST_PROCESSES processes (pytest-xdist), a test file per process at a
 # time: most tests wait on servers they started, not on the CPU.  Each process has its own
 # test database and Redis db (tests/workers.py).  TEST_PROCESSES=0 runs it in one process.
+# The whole suite also lists its 25 slowest steps, to keep an eye on its time.
 TEST_PROCESSES ?= 3
 test: $(STAMP) $(BROWSER_STAMP) $(PGBOUNCER_STAMP) $(PROMETHEUS_STAMP)
 	@echo "+ pytest -n $(TEST_PROCESSES) $(ARGS)"
-	@$(DEVSERVICES) run --throwaway -- python -m pytest -n $(TEST_PROCESSES) --dist loadfile $(ARGS) \
+	@$(DEVSERVICES) run --throwaway -- python -m pytest -n $(TEST_PROCESSES) --dist loadfile \
+	  $(if $(strip $(ARGS)),$(ARGS),--durations=25) \
 	  $(if $(strip $(ARGS)),,|| { rc=$$?; [ $$rc -eq 5 ] && echo "pytest: no tests collected" && exit 0; exit $$rc; })
 
 lint: $(STAMP)
@@ -154,7 +156,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 # keeping every other pin (ARGS="--upgrade-package NAME" moves one package);
 # `make lock-upgrade` moves every package to the newest version pyproject.toml allows.
 # Both then export the requirement files every install reads:
-#   requirements/dev.txt      make run, make test, make lint (extras local and test)
+#   requirements/dev.txt      make run, make test, make lint (extras local, test and tracing)
 #   requirements/bench.txt    make bench (also the bench extra)
 #   requirements/service.txt  the container image (deploy/build.sh: no extra)
 #   requirements/uv.txt       uv itself, installed here by the first `make lock`
@@ -170,7 +172,8 @@ $(UV): | $(STAMP)
 
 define export_lock
 	@mkdir -p $(REQUIREMENTS)
-	@for set in "dev:--extra local --extra test" "bench:--extra local --extra test --extra bench" \
+	@for set in "dev:--extra local --extra test --extra tracing" \
+	            "bench:--extra local --extra test --extra tracing --extra bench" \
 	            "service:" "uv:--only-group lock"; do \
 	  name=$${set%%:*}; options=$${set#*:}; \
 	  case $$options in --only-group*) groups=;; *) groups="--group build";; esac; \

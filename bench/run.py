@@ -22,7 +22,11 @@ load-generator processes over HTTP, and prints a readable table and one JSON lin
    as sampled in Postgres during the window (never above the cap);
 8. push delivery (`push`): one `run_pusher` process delivering a push queue to a local
    target (an aiohttp server in its own process) that answers at once, then to one that
-   takes 200 ms per request: tasks/s and the most requests in flight at once.
+   takes 200 ms per request: tasks/s and the most requests in flight at once;
+9. tracing (`tracing`): the single and the batched path end to end with every process
+   exporting its spans over OTLP/HTTP to a local receiver (bench/traced.py), against the
+   same service with tracing off, in turn (off, on, on, off, ...; a restart between): the
+   ratio on / off of each pair, and how many spans the receiver got.
 
 Each figure is measured over several runs (median, min, max); the CPU each component used
 during the measured windows is reported too, to show what bounds the figure.
@@ -68,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import retained as retained_history  # bench/retained.py
+import traced  # bench/traced.py
 
 ROOT = Path(__file__).resolve().parent.parent
 # Its own database name, so two benchmarks on one server do not drop each other's.
@@ -92,6 +97,13 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "scheduled_p99": ("<=", 100.0, "ms"),
     # Issue 15: a queue's max_concurrency is never exceeded (sampled), with --capped-limit 10.
     "capped_max_running": ("<=", 10, "tasks"),
+    # Issue 36: spans exported to a local receiver cost at most 15 % of tasks/s.
+    "tracing_single_ratio": (">=", 0.85, "x"),
+    "tracing_batched_ratio": (">=", 0.85, "x"),
+    # Issue 33: fairness keys cost little: ratios to the same run without them.
+    "fair_batched_ratio": (">=", 0.8, "x"),
+    "fair_single_ratio": (">=", 0.9, "x"),
+    "fair_claim_p99_ratio": ("<=", 2.0, "x"),
 }
 
 PAYLOAD = {"job": "bench", "args": [1, 2, 3], "note": "x" * 40}
@@ -249,14 +261,9 @@ def load_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     _child_init()
     address, key, queue = tuple(cfg["address"]), cfg["key"], cfg["queue"]
     batch, max_backlog = cfg["batch"], cfg["max_backlog"]
-    if batch:
-        path = f"/queues/{queue}/tasks/batch"
-        body = json.dumps({"tasks": [{"payload": PAYLOAD}] * batch}).encode()
-        per_request = batch
-    else:
-        path = f"/queues/{queue}/tasks"
-        body = json.dumps({"payload": PAYLOAD}).encode()
-        per_request = 1
+    path = f"/queues/{queue}/tasks/batch" if batch else f"/queues/{queue}/tasks"
+    per_request = batch or 1
+    bodies = _bodies(batch, cfg.get("keys", 0))
     lock = threading.Lock()
     in_window = [0.0]
     failures = [0]
@@ -269,6 +276,7 @@ def load_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
     def run(i: int) -> None:
         client = clients[i]
         clock = time.monotonic
+        turn = i
         while not shared.stop.is_set():
             now = clock()
             if now >= t_end:
@@ -278,7 +286,8 @@ def load_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
                 throttled[0] += 1
                 time.sleep(0.001)
                 continue
-            status, _ = client.post(path, body)
+            turn += 1
+            status, _ = client.post(path, bodies[turn % len(bodies)])
             done = clock()
             with lock:
                 if status == 201:
@@ -297,6 +306,67 @@ def load_producers(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
             "failures": failures[0],
             "throttled_waits": throttled[0],
             "client_cpu_s": cpu,
+        }
+    )
+
+
+def _bodies(batch: int, keys: int) -> list[bytes]:
+    """The enqueue bodies a producer sends in turn: without a fairness key, or with
+    `keys` distinct keys spread over them (each batch with as many keys as it can hold)."""
+    if not keys:
+        one = {"tasks": [{"payload": PAYLOAD}] * batch} if batch else {"payload": PAYLOAD}
+        return [json.dumps(one).encode()]
+    if not batch:
+        return [
+            json.dumps({"payload": PAYLOAD, "fairness_key": f"k{n}"}).encode() for n in range(keys)
+        ]
+    rounds = max(1, keys // batch)
+    return [
+        json.dumps(
+            {
+                "tasks": [
+                    {"payload": PAYLOAD, "fairness_key": f"k{(r * batch + i) % keys}"}
+                    for i in range(batch)
+                ]
+            }
+        ).encode()
+        for r in range(rounds)
+    ]
+
+
+def load_claims(cfg: dict[str, Any], shared: Shared, out: Any) -> None:
+    """One worker claiming `max_tasks` at a time from a preloaded queue, as fast as it is
+    answered (no acks: the backlog is the preload); the claims' round trips."""
+    _child_init()
+    address, key, queue = tuple(cfg["address"]), cfg["key"], cfg["queue"]
+    client = Client(address, key)
+    client.conn.connect()
+    claim = json.dumps(
+        {
+            "worker_id": f"bench-claims-{os.getpid()}",
+            "queues": [queue],
+            "max_tasks": cfg["max_tasks"],
+        }
+    ).encode()
+    rtts: list[float] = []
+    empty = [0]
+    t_start, t_end = _wait_go(shared)
+    while time.monotonic() < t_end:
+        sent = time.monotonic()
+        status, data = client.post("/workers/claim", claim)
+        done = time.monotonic()
+        if status != 200 or not json.loads(data)["tasks"]:
+            empty[0] += 1
+            continue
+        if t_start <= done <= t_end:
+            rtts.append(done - sent)
+    rtts.sort()
+    out.send(
+        {
+            "claims": len(rtts),
+            "empty": empty[0],
+            "p50_ms": _pct(rtts, 50) * 1000,
+            "p99_ms": _pct(rtts, 99) * 1000,
         }
     )
 
@@ -1601,6 +1671,82 @@ class Bench:
             "runs": per_run,
         }
 
+    def restart(self, extra_env: dict[str, str]) -> None:
+        """Stop the service's processes and start them again with `extra_env` added."""
+        assert self.service is not None
+        self.service.stop()
+        self.service = Service({**self.env, **extra_env}, self.logdir)
+        python = sys.executable
+        self.service.start("api", [python, "manage.py", "run_api"])
+        for loop in LOOPS:
+            self.service.start(loop, [python, "manage.py", f"run_{loop}"])
+        self._wait_ready()
+        self.cpu = CpuMeter(self.service, self.db_name)
+        self.settle(1.0)
+
+    def phase_tracing(self, runs: int) -> dict[str, Any]:
+        """e2e single and batched with spans exported vs off, in turn (module docstring, 9)."""
+        receiver_end, sender_end = self.ctx.Pipe(duplex=False)
+        spans = self.ctx.Value("q", 0)
+        receiver = self.ctx.Process(
+            target=traced.serve_receiver, args=(sender_end, spans), daemon=True
+        )
+        receiver.start()
+        self.children.append(receiver)
+        if not receiver_end.poll(30):
+            raise BenchError("the OTLP receiver did not start")
+        endpoint = f"http://127.0.0.1:{receiver_end.recv()}"
+        exporting = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, **traced.EXPORT_ENV}
+        pairs: list[dict[str, dict[str, float]]] = []
+        mode = "off"
+        try:
+            for run in range(runs):
+                pair: dict[str, dict[str, float]] = {}
+                for wanted in ("off", "on") if run % 2 == 0 else ("on", "off"):
+                    if wanted != mode:
+                        self.restart(exporting if wanted == "on" else {})
+                        mode = wanted
+                    before = spans.value
+                    single = self.phase_e2e(False, 1, False)
+                    batched = self.phase_e2e(True, 1, False)
+                    time.sleep(0.5)  # the last batch of spans (OTEL_BSP_SCHEDULE_DELAY)
+                    pair[wanted] = {
+                        "single": single["median"],
+                        "batched": batched["median"],
+                        # Service CPU per task: what a machine of its own would divide.
+                        "single_cpu_ms": single["cpu_ms_per_task"].get("total", 0.0),
+                        "batched_cpu_ms": batched["cpu_ms_per_task"].get("total", 0.0),
+                        "spans": spans.value - before,
+                    }
+                pairs.append(pair)
+                log(
+                    f"tracing run {run + 1}/{runs}: single {pair['on']['single']:.0f} vs "
+                    f"{pair['off']['single']:.0f}, batched {pair['on']['batched']:.0f} vs "
+                    f"{pair['off']['batched']:.0f} tasks/s (on vs off)"
+                )
+        finally:
+            if mode == "on":
+                self.restart({})
+            receiver.kill()
+            receiver.join(5)
+            self.children.remove(receiver)
+        result: dict[str, Any] = {"runs": pairs, "endpoint": "local OTLP/HTTP receiver"}
+        for path in ("single", "batched"):
+            cpu = f"{path}_cpu_ms"
+            result[path] = {
+                "on": summary([p["on"][path] for p in pairs]),
+                "off": summary([p["off"][path] for p in pairs]),
+                "ratio": summary([p["on"][path] / p["off"][path] for p in pairs]),
+                "cpu_ms_per_task": {
+                    "on": summary([p["on"][cpu] for p in pairs]),
+                    "off": summary([p["off"][cpu] for p in pairs]),
+                    # tasks/s on a machine of its own: off's CPU per task over on's.
+                    "ratio": summary([p["off"][cpu] / p["on"][cpu] for p in pairs if p["on"][cpu]]),
+                },
+            }
+        result["spans_exported"] = sum(p["on"]["spans"] for p in pairs)
+        return result
+
     def phase_sdk(self, runs: int, *, batcher: bool = True) -> dict[str, Any]:
         """SDK end to end: producer threads through the enqueue batcher (`sdk`) or calling
         the client's own `enqueue` (`natural`), Worker processes.  With `--sdk-against`,
@@ -1961,6 +2107,81 @@ class Bench:
             "runs": per_run,
         }
 
+    def phase_fair(self, runs: int) -> dict[str, Any]:
+        """Fairness keys against the same run without them, runs interleaved (issue 33):
+        batched e2e with 10,000 keys vs one key, the single path with keys vs without,
+        and claim p99 from a queue whose buffer holds 100,000 keys vs one key."""
+        args = self.args
+        out: dict[str, Any] = {}
+        pairs = [
+            ("batched_one_key", True, 1),
+            ("batched_10k_keys", True, 10_000),
+            ("single_no_key", False, 0),
+            ("single_keys", False, 1000),
+        ]
+        rates: dict[str, list[float]] = {label: [] for label, _, _ in pairs}
+        for run in range(runs):
+            for label, batched, keys in pairs:
+                queue = self.new_queue(f"fair-{label.replace('_', '-')}")
+                prod = {
+                    "queue": queue,
+                    "threads": args.e2e_batch_producers if batched else args.e2e_producers,
+                    "batch": 1000 if batched else 0,
+                    "max_backlog": args.batch_backlog if batched else args.single_backlog,
+                    "keys": keys,
+                }
+                work = {
+                    "queue": queue,
+                    "threads": args.e2e_batch_workers if batched else args.e2e_workers,
+                    "max_tasks": 100 if batched else 1,
+                }
+                (_, w), _, shared = self.run_load(
+                    [(load_producers, prod), (load_workers, work)],
+                    warmup=args.e2e_warmup,
+                    window=args.window,
+                    drain=args.drain,
+                )
+                window = shared.t_end.value - shared.t_start.value
+                rates[label].append(w["acked_in_window"] / window)
+                self.retire_queue(queue)
+                self.settle()
+                log(f"fair {label} run {run + 1}/{runs}: {rates[label][-1]:.0f} tasks/s")
+        for label in rates:
+            out[label] = summary(rates[label])
+        out["batched_ratio"] = out["batched_10k_keys"]["median"] / out["batched_one_key"]["median"]
+        out["single_ratio"] = out["single_keys"]["median"] / out["single_no_key"]["median"]
+        p99: dict[str, list[float]] = {"one_key": [], "100k_keys": []}
+        preload = args.fair_preload
+        for run in range(runs):
+            for label, keys in (("one_key", 1), ("100k_keys", preload)):
+                queue = self.new_queue(f"fair-claims-{label.replace('_', '-')}")
+                for start in range(0, preload, 1000):
+                    tasks = [
+                        {"payload": PAYLOAD, "fairness_key": f"k{(start + i) % keys}"}
+                        for i in range(1000)
+                    ]
+                    self.api("POST", f"/queues/{queue}/tasks/batch", {"tasks": tasks})
+                self.settle(2.0)  # the dispatcher fills the one key's buffer
+                [result], _, _ = self.run_load(
+                    [(load_claims, {"queue": queue, "max_tasks": 10})],
+                    warmup=args.warmup,
+                    window=args.window,
+                )
+                p99[label].append(result["p99_ms"])
+                self.retire_queue(queue)
+                self.settle()
+                log(
+                    f"fair claims {label} run {run + 1}/{runs}: p50 {result['p50_ms']:.2f} ms, "
+                    f"p99 {result['p99_ms']:.2f} ms ({result['claims']} claims)"
+                )
+        out["claim_p99_one_key_ms"] = summary(p99["one_key"])
+        out["claim_p99_100k_keys_ms"] = summary(p99["100k_keys"])
+        out["claim_p99_ratio"] = (
+            out["claim_p99_100k_keys_ms"]["median"] / out["claim_p99_one_key_ms"]["median"]
+        )
+        out["preload"] = preload
+        return out
+
     def phase_push(self, runs: int) -> dict[str, Any]:
         """Push delivery by one run_pusher process: a target answering at once, then in 200 ms."""
         args = self.args
@@ -2294,6 +2515,17 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
         "latency_p99": results.get("latency", {}).get("p99", {}).get("median"),
         "scheduled_p99": results.get("scheduled", {}).get("p99", {}).get("median"),
         "capped_max_running": results.get("capped", {}).get("max_running"),
+        "tracing_single_ratio": results.get("tracing", {})
+        .get("single", {})
+        .get("ratio", {})
+        .get("median"),
+        "tracing_batched_ratio": results.get("tracing", {})
+        .get("batched", {})
+        .get("ratio", {})
+        .get("median"),
+        "fair_batched_ratio": results.get("fair", {}).get("batched_ratio"),
+        "fair_single_ratio": results.get("fair", {}).get("single_ratio"),
+        "fair_claim_p99_ratio": results.get("fair", {}).get("claim_p99_ratio"),
     }
     out = {}
     for name, (op, threshold, unit) in TARGETS.items():
@@ -2426,6 +2658,16 @@ def table(report: dict[str, Any]) -> str:
                         "yes" if r["median"] >= 0.8 else "NO",
                     )
                 )
+    if "tracing" in res:
+        for path in ("single", "batched"):
+            t = res["tracing"][path]
+            row(f"e2e {path}, spans exported", t["on"], "tasks/s")
+            row(f"e2e {path}, tracing off (same run)", t["off"], "tasks/s")
+            row(f"  ratio exported / off ({path})", t["ratio"], "x", f"tracing_{path}_ratio")
+            cpu = t["cpu_ms_per_task"]
+            row(f"  service CPU per task, exported ({path})", cpu["on"], "ms")
+            row(f"  service CPU per task, off ({path})", cpu["off"], "ms")
+            row(f"  CPU ratio off / exported ({path})", cpu["ratio"], "x")
     widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -2439,6 +2681,20 @@ def table(report: dict[str, Any]) -> str:
             f"{f['delivered']}/{f['deliveries']} tasks for the fleet delivered, slowest "
             f"{f['delivery_max_ms']:.0f} ms (target: all within 1,000 ms); API RSS "
             f"{f['api_rss_mb']:.0f} MB (target < 500); {f['poll_failures']} failed polls."
+        )
+
+    if "fair" in res:
+        f = res["fair"]
+        lines.append("")
+        lines.append(
+            "Fairness keys (median of runs, each against the same run without them): "
+            f"batched e2e with 10,000 keys {f['batched_10k_keys']['median']:.0f} tasks/s vs one "
+            f"key {f['batched_one_key']['median']:.0f} ({f['batched_ratio']:.2f}x, target >= 0.8); "
+            f"single path with keys {f['single_keys']['median']:.0f} vs without "
+            f"{f['single_no_key']['median']:.0f} ({f['single_ratio']:.2f}x, target >= 0.9); "
+            f"claim p99 with {f['preload']:,} keys {f['claim_p99_100k_keys_ms']['median']:.2f} ms "
+            f"vs one key {f['claim_p99_one_key_ms']['median']:.2f} ms "
+            f"({f['claim_p99_ratio']:.2f}x, target <= 2)."
         )
 
     lines.append("")
@@ -2529,10 +2785,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3, help="measured runs per figure (default 3)")
     p.add_argument(
         "--only",
-        default="enqueue,e2e,sdk,natural,lone,celery,latency,scheduled,capped,push,cloudtasks,fleet",
+        default=(
+            "enqueue,e2e,sdk,natural,lone,celery,latency,scheduled,capped,push,cloudtasks,"
+            "tracing,fair,fleet"
+        ),
         help=(
             "comma-separated phases: enqueue, e2e, sdk, natural, lone, celery, latency, "
-            "scheduled, capped, push, cloudtasks, fleet (default all)"
+            "scheduled, capped, push, cloudtasks, tracing, fair, fleet (default all)"
         ),
     )
     p.add_argument("--window", type=float, default=3.0, help="measured seconds per run")
@@ -2565,6 +2824,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--capped-limit", type=int, default=10, help="the capped queue's cap")
     p.add_argument("--capped-workers", type=int, default=20, help="workers on the capped queue")
     p.add_argument("--capped-work-ms", type=int, default=10, help="each task's work, in ms")
+    p.add_argument(
+        "--fair-preload", type=int, default=100_000, help="tasks (and keys) of the claim p99 row"
+    )
     p.add_argument("--profile", metavar="DIR", help="one extra py-spy-recorded run per phase")
     p.add_argument("--json", metavar="FILE", help="also write the JSON report to FILE")
     p.add_argument(
@@ -2585,7 +2847,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.phases = {x.strip() for x in args.only.split(",") if x.strip()}
     known = {
         *("enqueue", "e2e", "sdk", "natural", "lone", "celery", "latency", "scheduled"),
-        *("capped", "push", "cloudtasks", "fleet"),
+        *("capped", "push", "cloudtasks", "tracing", "fair", "fleet"),
     }
     unknown = args.phases - known
     if unknown:
@@ -2633,8 +2895,12 @@ def run_phases(bench: Bench, args: argparse.Namespace, profile: bool) -> dict[st
         results.update(bench.phase_push(args.runs))
     if "cloudtasks" in args.phases:
         results.update(bench.phase_cloudtasks(args.runs))
+    if "fair" in args.phases:
+        results["fair"] = bench.phase_fair(args.runs)
     if "fleet" in args.phases:
         results["fleet"] = bench.phase_fleet()
+    if "tracing" in args.phases:
+        results["tracing"] = bench.phase_tracing(args.runs)
     return results
 
 

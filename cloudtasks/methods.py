@@ -43,6 +43,9 @@ class Call:
     body: dict[str, Any]
     actor: Actor
     out: pj.Output
+    # The request's W3C Trace Context (taskforge.tracing.from_headers): a task
+    # created by the call keeps it.
+    trace: tuple[str | None, str | None] = (None, None)
 
     @property
     def parent(self) -> str:
@@ -180,7 +183,7 @@ def create_task(call: Call) -> dict[str, Any]:
         raise errors.invalid("task", "task is required.")
     spec = taskbody.read(body["task"], now=timezone.now(), queue_path=call.queue_path)
     assert call.queue_id is not None
-    task = services.create_task(call.queue_id, spec)
+    task = services.create_task(call.queue_id, spec, trace=call.trace)
     return ct_tasks.shown(task, call.queue_path, view=view, out=call.out)
 
 

@@ -34,7 +34,9 @@ logger = logging.getLogger(__name__)
 VISIBLE = lifecycle.IN_PROGRESS
 
 
-def create_task(queue_name: str, body: TaskBody) -> Task:
+def create_task(
+    queue_name: str, body: TaskBody, *, trace: tuple[str | None, str | None] = (None, None)
+) -> Task:
     """Store a task with an HTTP target as `pending` in the queue of that name; a named
     one takes its name.
 
@@ -43,19 +45,21 @@ def create_task(queue_name: str, body: TaskBody) -> Task:
     fails the insert's foreign key, and the queue is then read afresh once (it
     may have been made again under its name).
 
+    `trace`: the W3C Trace Context of the request (API.md "Tracing (v1.2)").
+
     Raises:
         RpcError: ALREADY_EXISTS (name taken or used recently), NOT_FOUND (no such queue).
     """
     for fresh in (False, True):
         queue = queue_named(queue_name, fresh=fresh)
         try:
-            return _create_task(queue, body)
+            return _create_task(queue, body, trace)
         except IntegrityError:
             lookup.forget(queue)
     raise errors.not_found("Queue does not exist.")
 
 
-def _create_task(queue: Queue, body: TaskBody) -> Task:
+def _create_task(queue: Queue, body: TaskBody, trace: tuple[str | None, str | None]) -> Task:
     new = transitions.NewTask(
         queue=queue,
         payload=None,
@@ -65,6 +69,8 @@ def _create_task(queue: Queue, body: TaskBody) -> Task:
         name=body.task_id,
         http_request=body.http_request,
         retry_config=body.retry_config,
+        traceparent=trace[0],
+        tracestate=trace[1],
     )
     if body.task_id is None:
         # One INSERT statement: atomic by itself, no transaction to open.

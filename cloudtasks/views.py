@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from cloudtasks import errors, methods
 from cloudtasks import protojson as pj
 from cloudtasks.errors import RpcError
+from taskforge import tracing
 from taskforge.api.authentication import ApiKeyAuthentication
 from taskforge.api.models import Role
 from taskforge.audit.log import Actor
@@ -150,6 +151,7 @@ def _serve(request: HttpRequest, path: str) -> dict[str, Any]:
         body=pj.parse_body(raw),
         actor=actor,
         out=out,
+        trace=tracing.from_headers(request.META),
     )
     return route.method(call)
 

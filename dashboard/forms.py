@@ -60,6 +60,14 @@ class TaskSearchForm(forms.Form):
     )
     created_after = _time_field("Created after (UTC)")
     created_before = _time_field("Created before (UTC)")
+    # Taken as sent, as the API takes a fairness key.
+    fairness_key = forms.CharField(
+        required=False,
+        max_length=200,
+        strip=False,
+        label="Fairness key",
+        widget=forms.TextInput(attrs={"placeholder": "Fairness key"}),
+    )
     cursor = forms.CharField(required=False, widget=forms.HiddenInput, max_length=500)
 
     def clean_id(self) -> uuid.UUID | None:

@@ -47,6 +47,7 @@ class _Readings:
     dlq: dict[str, int]
     oldest_pending: dict[str, float]
     paused: dict[str, bool]
+    keys: dict[str, int]  # fairness keys with live tasks, by queue
     caps: dict[str, int]
     # (worker id, seconds since seen, Worker.state)
     workers: list[tuple[str, float, str]]
@@ -126,7 +127,24 @@ class DatabaseGauges:
         for worker_id, age, worker_state in read.workers:
             heartbeat_age.add_metric([worker_id], age)
             state.add_metric([worker_id, worker_state], 1)
-        yield from (queue_depth, oldest, paused, running, cap, dlq_depth, heartbeat_age, state)
+        queue_keys = GaugeMetricFamily(
+            "taskforge_queue_keys",
+            "Fairness keys with live tasks by queue, the anonymous key included.",
+            labels=["queue"],
+        )
+        for queue, count in read.keys.items():
+            queue_keys.add_metric([queue], count)
+        yield from (
+            queue_depth,
+            oldest,
+            paused,
+            running,
+            cap,
+            dlq_depth,
+            heartbeat_age,
+            state,
+            queue_keys,
+        )
 
     @staticmethod
     def _read() -> _Readings:
@@ -145,6 +163,7 @@ class DatabaseGauges:
                 queue.name: stats[queue.id]["oldest_pending_age_seconds"] or 0.0 for queue in queues
             },
             paused={queue.name: queue.paused for queue in queues},
+            keys={queue.name: stats[queue.id]["keys"] for queue in queues},
             caps={q.name: q.max_concurrency for q in queues if q.max_concurrency is not None},
             workers=[
                 (

@@ -69,6 +69,7 @@ class TaskFilter:
     created_after: datetime | None = None  # exclusive, as the API's filters
     created_before: datetime | None = None
     cursor: str | None = None
+    fairness_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,8 @@ def task_page(filters: TaskFilter, *, limit: int | None = None) -> Page:
         tasks = tasks.filter(created_at__gt=filters.created_after)
     if filters.created_before:
         tasks = tasks.filter(created_at__lt=filters.created_before)
+    if filters.fairness_key:
+        tasks = tasks.filter(fairness_key=filters.fairness_key)
     tasks = tasks.filter(_after("created_at", "id", filters.cursor))
     order = ("-created_at", "-id")
     if filters.worker_id:

@@ -10,10 +10,24 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models import Q
 
+from taskforge.lib.names import as_sent_problem
+
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 _QUEUE_NAME_RE = re.compile(QUEUE_NAME_PATTERN)
 MAX_RETRIES_LIMIT = 100
 MAX_CONCURRENCY_LIMIT = 100_000
+# Fairness keys (API.md "Fairness keys (v1.2)"): a key's length in code points,
+# a weight's range, and how many weights a queue may list.
+FAIRNESS_KEY_MAX_LENGTH = 200
+KEY_WEIGHT_MAX = 100
+KEY_WEIGHTS_MAX_ENTRIES = 1000
+
+
+def fairness_key_problem(text: str) -> str | None:
+    """Why `text` cannot be a fairness key (1..200 code points taken as sent), or None."""
+    if not 1 <= len(text) <= FAIRNESS_KEY_MAX_LENGTH:
+        return f"A fairness key is 1 to {FAIRNESS_KEY_MAX_LENGTH} characters."
+    return as_sent_problem(text)
 
 
 def is_queue_name(text: str) -> bool:
@@ -54,6 +68,15 @@ class Queue(models.Model):
     purged_at = models.DateTimeField(null=True, blank=True)
     # Cloud Tasks' stackdriverLoggingConfig.samplingRatio: stored and shown only.
     logging_sampling_ratio = models.FloatField(null=True, blank=True)
+    # Fairness keys (API.md v1.2): weights by key ({"key": 1..100}), and the
+    # cap and rate each key gets on top of the queue's own (NULL: none).
+    key_weights = models.JSONField(default=dict, blank=True)
+    key_max_concurrency = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_CONCURRENCY_LIMIT)],
+    )
+    key_rate_limit = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -71,6 +94,15 @@ class Queue(models.Model):
                 condition=Q(max_concurrency__isnull=True)
                 | Q(max_concurrency__gte=1, max_concurrency__lte=MAX_CONCURRENCY_LIMIT),
                 name="queue_max_concurrency_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(key_max_concurrency__isnull=True)
+                | Q(key_max_concurrency__gte=1, key_max_concurrency__lte=MAX_CONCURRENCY_LIMIT),
+                name="queue_key_max_concurrency_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(key_rate_limit__isnull=True) | Q(key_rate_limit__gt=0),
+                name="queue_key_rate_limit_positive",
             ),
         ]
 

@@ -30,6 +30,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path(f"{Q}/resume", queue_views.QueueResumeView.as_view(), name="queue-resume"),
     path(f"{Q}/purge", queue_views.QueuePurgeView.as_view(), name="queue-purge"),
     path(f"{Q}/stats", task_views.QueueStatsView.as_view(), name="queue-stats"),
+    path(f"{Q}/keys", task_views.QueueKeysView.as_view(), name="queue-keys"),
     path(f"{Q}/tasks", task_views.TaskListView.as_hot_view(), name="task-list"),
     path(f"{Q}/tasks/batch", task_views.TaskBatchView.as_hot_view(), name="task-batch"),
     path(f"{Q}/tasks/<str:task_id>", task_views.TaskDetailView.as_view(), name="task-detail"),

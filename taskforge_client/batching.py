@@ -36,11 +36,12 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from taskforge_client.calls import Enqueues
 from taskforge_client.errors import (
     ConnectionFailed,
     Invalid,
@@ -49,7 +50,6 @@ from taskforge_client.errors import (
     TaskForgeError,
     Unavailable,
 )
-from taskforge_client.http import encode
 from taskforge_client.models import BatchResult, Task, TaskSpec
 
 log = logging.getLogger("taskforge_client.batching")
@@ -103,38 +103,6 @@ MAX_BATCH_BYTES = 1 << 20
 # queue's next request (LEAD), or it must make its own call after all (ALONE).
 LEAD: Any = object()
 ALONE: Any = object()
-
-
-@dataclass(frozen=True)
-class Enqueues:
-    """One call's tasks, encoded once: an `enqueue` (one task) or an `enqueue_many`.
-
-    `encoded` holds the task bodies as JSON separated by commas, so that calls join
-    into one batch body without encoding anything again.
-    """
-
-    encoded: bytes
-    count: int
-    keyed: bool  # every task has an idempotency key: the call repeats safely
-    many: bool  # an enqueue_many: answered with a list, its fields named tasks[i]...
-
-    @classmethod
-    def one(cls, spec: TaskSpec) -> Enqueues:
-        """Raises: ValueError for a spec the API would refuse (`TaskSpec.body`)."""
-        return cls(encode(spec.body()), 1, spec.idempotency_key is not None, many=False)
-
-    @classmethod
-    def of(cls, specs: list[TaskSpec]) -> Enqueues:
-        encoded = b",".join(encode(spec.body()) for spec in specs)
-        keyed = all(spec.idempotency_key is not None for spec in specs)
-        return cls(encoded, len(specs), keyed, many=True)
-
-    @classmethod
-    def joined(cls, calls: Iterable[Enqueues]) -> Enqueues:
-        calls = list(calls)
-        encoded = b",".join(call.encoded for call in calls)
-        count = sum(call.count for call in calls)
-        return cls(encoded, count, all(call.keyed for call in calls), many=True)
 
 
 @dataclass(eq=False)

@@ -81,6 +81,23 @@ def _parser() -> argparse.ArgumentParser:
             help='the backoff between attempts, e.g. \'{"min_backoff_seconds": 1, '
             '"max_backoff_seconds": 300, "max_doublings": 5}\', or none',
         )
+        one.add_argument(
+            "--key-weight",
+            action="append",
+            default=[],
+            metavar="KEY=WEIGHT",
+            help="a fairness key's weight, 1..100 (repeatable; on update, replaces them all)",
+        )
+        one.add_argument(
+            "--key-max-concurrency",
+            type=_int_or_none,
+            help="tasks of one fairness key executing at once, or none",
+        )
+        one.add_argument(
+            "--key-rate-limit",
+            type=_number_or_none,
+            help="hand-outs per second per fairness key, or none",
+        )
         if verb == "create":
             one.add_argument("--paused", action="store_true", help="create it paused")
     for verb, text in [("show", "show a queue"), ("pause", "pause a queue (admin)")]:
@@ -96,6 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     when.add_argument("--at", help="ISO 8601 time with Z or an offset")
     enqueue.add_argument("--idempotency-key")
     enqueue.add_argument("--max-retries", type=int)
+    enqueue.add_argument("--fairness-key", help="the tenant the task belongs to")
 
     task = sub.add_parser(
         "task",
@@ -178,6 +196,28 @@ def _object_or_none(text: str) -> Any:
     return value
 
 
+def _number_or_none(text: str) -> Any:
+    if text.lower() == "none":
+        return _NONE
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or none: {text!r}") from None
+
+
+def _key_weights(args: argparse.Namespace) -> dict[str, int] | None:
+    """The --key-weight KEY=WEIGHT options as a map (None when none was given)."""
+    if not args.key_weight:
+        return None
+    weights: dict[str, int] = {}
+    for item in args.key_weight:
+        key, sep, weight = item.rpartition("=")
+        if not sep or not weight.isdigit():
+            raise ValueError(f"--key-weight wants KEY=WEIGHT, not {item!r}")
+        weights[key] = int(weight)
+    return weights
+
+
 def _task_words(args: argparse.Namespace) -> str | None:
     """Split `task`'s words into args.action, args.queue, args.id; a usage error or None.
 
@@ -210,10 +250,23 @@ def _run_queues(args: argparse.Namespace, client: TaskForge) -> Any:
             push=_push(args),
             paused=True if args.paused else None,
             retry_policy=None if args.retry_policy is _NONE else args.retry_policy,
+            key_weights=_key_weights(args),
+            key_max_concurrency=None
+            if args.key_max_concurrency is _NONE
+            else args.key_max_concurrency,
+            key_rate_limit=None if args.key_rate_limit is _NONE else args.key_rate_limit,
         ).raw
     if command == "update":
         changes: dict[str, Any] = {}
-        for name in ("rate_limit", "max_concurrency", "retry_policy"):
+        if args.key_weight:
+            changes["key_weights"] = _key_weights(args)
+        for name in (
+            "rate_limit",
+            "max_concurrency",
+            "retry_policy",
+            "key_max_concurrency",
+            "key_rate_limit",
+        ):
             value = getattr(args, name)
             if value is not None:
                 changes[name] = None if value is _NONE else value
@@ -304,6 +357,7 @@ def _run(args: argparse.Namespace, client: TaskForge) -> Any:
             at=parse_time(args.at) if args.at else None,
             idempotency_key=args.idempotency_key,
             max_retries=args.max_retries,
+            fairness_key=args.fairness_key,
         ).raw
     if args.command == "task" and args.action == "cancel":
         return client.cancel_task(args.queue, args.id).raw

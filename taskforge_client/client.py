@@ -10,27 +10,28 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from taskforge_client.batching import EnqueueBatcher, EnqueueLanes, Enqueues
+from taskforge_client.batching import EnqueueBatcher, EnqueueLanes
+from taskforge_client.calls import Enqueues
 from taskforge_client.errors import TaskForgeError
-from taskforge_client.http import Http, RetryPolicy
+from taskforge_client.http import RetryPolicy
 from taskforge_client.http import segment as _q
 from taskforge_client.models import (
     BatchResult,
     DeadLetter,
     Heartbeat,
     Queue,
-    Schedule,
+    QueueKey,
     Stats,
     Task,
     TaskEvent,
     TaskSpec,
     format_time,
 )
+from taskforge_client.schedules import UNSET as _UNSET
+from taskforge_client.schedules import Schedules
 
-_UNSET: Any = object()
 
-
-class TaskForge(Http):
+class TaskForge(Schedules):
     """A client of one TaskForge server.
 
     Args:
@@ -83,6 +84,9 @@ class TaskForge(Http):
         push: dict[str, Any] | None = None,
         paused: bool | None = None,
         retry_policy: dict[str, Any] | None = None,
+        key_weights: Mapping[str, int] | None = None,
+        key_max_concurrency: int | None = None,
+        key_rate_limit: float | None = None,
     ) -> Queue:
         """Create a queue (admin). Raises `Conflict` (`queue_exists`) when it exists.
 
@@ -94,20 +98,21 @@ class TaskForge(Http):
         TaskForge POST each task to that URL instead of workers claiming it.
         `retry_policy`: the backoff between attempts, `{"min_backoff_seconds"?,
         "max_backoff_seconds"?, "max_doublings"?, "max_retry_duration_seconds"?}`.
+        `key_weights`, `key_max_concurrency`, `key_rate_limit`: how the queue shares
+        its hand-outs between fairness keys (weights 1..100, a cap and a rate per key).
         """
-        body: dict[str, Any] = {"name": name}
-        if max_retries is not None:
-            body["max_retries"] = max_retries
-        if rate_limit is not None:
-            body["rate_limit"] = rate_limit
-        if max_concurrency is not None:
-            body["max_concurrency"] = max_concurrency
-        if push is not None:
-            body["push"] = push
-        if paused is not None:
-            body["paused"] = paused
-        if retry_policy is not None:
-            body["retry_policy"] = retry_policy
+        settings = {
+            "max_retries": max_retries,
+            "rate_limit": rate_limit,
+            "max_concurrency": max_concurrency,
+            "push": push,
+            "paused": paused,
+            "retry_policy": retry_policy,
+            "key_weights": None if key_weights is None else dict(key_weights),
+            "key_max_concurrency": key_max_concurrency,
+            "key_rate_limit": key_rate_limit,
+        }
+        body = {"name": name, **{k: v for k, v in settings.items() if v is not None}}
         return Queue.from_dict(self.request("POST", "/queues", body))
 
     def list_queues(self, *, limit: int | None = None) -> list[Queue]:
@@ -128,24 +133,31 @@ class TaskForge(Http):
         push: dict[str, Any] | None = _UNSET,
         paused: bool | None = None,
         retry_policy: dict[str, Any] | None = _UNSET,
+        key_weights: Mapping[str, int] | None = None,
+        key_max_concurrency: int | None = _UNSET,
+        key_rate_limit: float | None = _UNSET,
     ) -> Queue:
         """Change a queue's settings (admin). `rate_limit=None` removes the limit,
         `max_concurrency=None` the cap (tasks running past a lowered cap go on),
         `push=None` push delivery (a new `push` replaces the old one whole),
-        `retry_policy=None` the queue's own backoff (the deployment's applies)."""
-        body: dict[str, Any] = {}
-        if max_retries is not None:
-            body["max_retries"] = max_retries
-        if rate_limit is not _UNSET:
-            body["rate_limit"] = rate_limit
-        if max_concurrency is not _UNSET:
-            body["max_concurrency"] = max_concurrency
-        if push is not _UNSET:
-            body["push"] = push
-        if paused is not None:
-            body["paused"] = paused
-        if retry_policy is not _UNSET:
-            body["retry_policy"] = retry_policy
+        `retry_policy=None` the queue's own backoff (the deployment's applies);
+        `key_weights` replaces the map whole (`{}` clears it), `key_max_concurrency=None`
+        and `key_rate_limit=None` remove the per-key cap and rate."""
+        kept = {  # None: left as it is
+            "max_retries": max_retries,
+            "paused": paused,
+            "key_weights": None if key_weights is None else dict(key_weights),
+        }
+        nullable = {  # left out: as it is; None: removed
+            "rate_limit": rate_limit,
+            "max_concurrency": max_concurrency,
+            "push": push,
+            "retry_policy": retry_policy,
+            "key_max_concurrency": key_max_concurrency,
+            "key_rate_limit": key_rate_limit,
+        }
+        body: dict[str, Any] = {k: v for k, v in kept.items() if v is not None}
+        body.update({k: v for k, v in nullable.items() if v is not _UNSET})
         return Queue.from_dict(self.request("PATCH", f"/queues/{_q(name)}", body))
 
     def delete_queue(self, name: str) -> None:
@@ -177,6 +189,7 @@ class TaskForge(Http):
         at: datetime | None = None,
         idempotency_key: str | None = None,
         max_retries: int | None = None,
+        fairness_key: str | None = None,
     ) -> Task:
         """Add a task to `queue` and return it.
 
@@ -188,11 +201,15 @@ class TaskForge(Http):
             idempotency_key: a second enqueue with the same key in this queue returns the
                 first task instead of adding one; only keyed enqueues are retried.
             max_retries: overrides the queue's.
+            fairness_key: the tenant (customer, account) the task belongs to: the queue
+                takes turns between keys, so one key's backlog does not delay another's.
 
         Called from several threads at once, calls coalesce (see the class's `coalesce`):
         the answer and the errors are this call's own all the same.
+        With opentelemetry-api installed, the task carries the current span's context
+        (`traceparent`), and the worker's handler span continues that trace.
         """
-        spec = TaskSpec(payload, priority, delay, at, idempotency_key, max_retries)
+        spec = TaskSpec(payload, priority, delay, at, idempotency_key, max_retries, fairness_key)
         task: Task = self._enqueue(queue, Enqueues.one(spec))
         return task
 
@@ -202,6 +219,8 @@ class TaskForge(Http):
         Items are `TaskSpec`s or mappings with `TaskSpec`'s fields. The call is retried
         only when every item has an idempotency key. It may go in one request with other
         threads' calls (see the class's `coalesce`), all or nothing still for its own tasks.
+        Items without a `traceparent` of their own carry the current span's context
+        (opentelemetry-api installed).
         """
         specs = [t if isinstance(t, TaskSpec) else TaskSpec(**t) for t in tasks]
         if not specs:
@@ -217,18 +236,13 @@ class TaskForge(Http):
     def _enqueue_call(self, queue: str, call: Enqueues) -> Any:
         """One enqueue request as the call would make it on its own: an enqueue's through
         the single endpoint, an enqueue_many's (or joined calls') through the batch one."""
-        if not call.many:
-            answer = self.request(
-                "POST", f"/queues/{_q(queue)}/tasks", data=call.encoded, idempotent=call.keyed
-            )
-            return Task.from_dict(answer)
+        path, data, headers = call.wire()
         answer = self.request(
-            "POST",
-            f"/queues/{_q(queue)}/tasks/batch",
-            data=b'{"tasks":[' + call.encoded + b"]}",
-            idempotent=call.keyed,
+            "POST", f"/queues/{_q(queue)}{path}", data=data, idempotent=call.keyed, headers=headers
         )
-        return [Task.from_dict(t) for t in answer["results"]]
+        if call.many:
+            return [Task.from_dict(t) for t in answer["results"]]
+        return Task.from_dict(answer)
 
     def get_task(self, queue: str, task_id: str) -> Task:
         """One task; `NotFound` when it is not a task of `queue`."""
@@ -247,13 +261,17 @@ class TaskForge(Http):
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         limit: int | None = 100,
+        fairness_key: str | None = None,
     ) -> list[Task]:
-        """Tasks of a queue, newest first: at most `limit` (None: all, following pages)."""
+        """Tasks of a queue, newest first: at most `limit` (None: all, following pages).
+
+        `fairness_key`: only that key's tasks (`""`: only tasks without a key)."""
         params = {
             "status": status,
             "claimed_by": claimed_by,
             "created_after": created_after,
             "created_before": created_before,
+            "fairness_key": fairness_key,
         }
         return list(self._paginate(f"/queues/{_q(queue)}/tasks", params, Task.from_dict, limit))
 
@@ -261,6 +279,14 @@ class TaskForge(Http):
         """A task's state transitions, oldest first."""
         path = f"/queues/{_q(queue)}/tasks/{_q(task_id)}/events"
         return list(self._paginate(path, {}, TaskEvent.from_dict, None))
+
+    def list_keys(
+        self, queue: str, *, min_pending: int | None = None, limit: int | None = None
+    ) -> list[QueueKey]:
+        """The queue's fairness keys with live tasks (the anonymous key, `key` None, first),
+        those with at least `min_pending` due tasks; every one (following pages) or `limit`."""
+        params = {"min_pending": min_pending}
+        return list(self._paginate(f"/queues/{_q(queue)}/keys", params, QueueKey.from_dict, limit))
 
     def stats(self, queue: str) -> Stats:
         """Depth, DLQ depth, throughput and error rate of a queue."""
@@ -297,82 +323,6 @@ class TaskForge(Http):
     def discard(self, queue: str, task_id: str) -> None:
         """Delete a dead task for good."""
         self.request("DELETE", f"/queues/{_q(queue)}/dlq/{_q(task_id)}")
-
-    # -- schedules (admin) --
-
-    def create_schedule(
-        self,
-        queue: str,
-        name: str,
-        cron: str,
-        payload: Any,
-        *,
-        timezone: str | None = None,
-        priority: int | None = None,
-        max_retries: int | None = None,
-        paused: bool | None = None,
-    ) -> Schedule:
-        """Enqueue `payload` into `queue` at each time `cron` names (in `timezone`, default UTC).
-
-        `cron` is a 5-field expression or `@hourly`, `@daily`, ...; `Invalid` when it or
-        the time zone does not parse, `Conflict` (`schedule_exists`) when the queue has a
-        schedule of that name.
-        """
-        body: dict[str, Any] = {"name": name, "cron": cron, "payload": payload}
-        optional = {
-            "timezone": timezone,
-            "priority": priority,
-            "max_retries": max_retries,
-            "paused": paused,
-        }
-        body.update({key: value for key, value in optional.items() if value is not None})
-        return Schedule.from_dict(self.request("POST", f"/queues/{_q(queue)}/schedules", body))
-
-    def list_schedules(self, queue: str, *, limit: int | None = None) -> list[Schedule]:
-        """The queue's schedules by name (all, following pages, or the first `limit`)."""
-        path = f"/queues/{_q(queue)}/schedules"
-        return list(self._paginate(path, {}, Schedule.from_dict, limit))
-
-    def get_schedule(self, queue: str, name: str) -> Schedule:
-        """One schedule; `NotFound` when the queue has none of that name."""
-        return Schedule.from_dict(self.request("GET", _schedule_path(queue, name)))
-
-    def update_schedule(
-        self,
-        queue: str,
-        name: str,
-        *,
-        cron: str | None = None,
-        timezone: str | None = None,
-        payload: Any = _UNSET,
-        priority: int | None = None,
-        max_retries: int | None = _UNSET,
-        paused: bool | None = None,
-    ) -> Schedule:
-        """Change a schedule (not its name). `max_retries=None` falls back to the queue's."""
-        body: dict[str, Any] = {}
-        for key, value in {"cron": cron, "timezone": timezone, "priority": priority}.items():
-            if value is not None:
-                body[key] = value
-        if payload is not _UNSET:
-            body["payload"] = payload
-        if max_retries is not _UNSET:
-            body["max_retries"] = max_retries
-        if paused is not None:
-            body["paused"] = paused
-        return Schedule.from_dict(self.request("PATCH", _schedule_path(queue, name), body))
-
-    def pause_schedule(self, queue: str, name: str) -> Schedule:
-        """Stop a schedule enqueueing; resumed, it enqueues the latest missed time once."""
-        return self.update_schedule(queue, name, paused=True)
-
-    def resume_schedule(self, queue: str, name: str) -> Schedule:
-        """Resume a paused schedule."""
-        return self.update_schedule(queue, name, paused=False)
-
-    def delete_schedule(self, queue: str, name: str) -> None:
-        """Delete a schedule; the tasks it enqueued stay."""
-        self.request("DELETE", _schedule_path(queue, name))
 
     # -- worker protocol (worker role) --
 
@@ -476,10 +426,6 @@ class TaskForge(Http):
         if retry_after_seconds is not None:
             body["retry_after_seconds"] = retry_after_seconds
         return Task.from_dict(self.request("POST", "/workers/nack", body, idempotent=False))
-
-
-def _schedule_path(queue: str, name: str) -> str:
-    return f"/queues/{_q(queue)}/schedules/{_q(name)}"
 
 
 def _worker_body(worker_id: str, task_id: str, attempt: int | None) -> dict[str, Any]:

@@ -101,12 +101,13 @@ class Http:
         idempotent: bool | None = None,
         timeout: float | None = None,
         data: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         """One API call; returns the decoded JSON answer (None for 204).
 
         `idempotent` defaults to True for GET, PUT, PATCH and DELETE; only idempotent calls
         are retried (network errors and 503).  `data`: the body already encoded as JSON
-        (instead of `body`).
+        (instead of `body`).  `headers` are sent besides the client's own.
         """
         if idempotent is None:
             idempotent = method in ("GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -115,11 +116,13 @@ class Http:
             query = {k: _param(v) for k, v in params.items() if v is not None}
             if query:
                 url += "?" + urllib.parse.urlencode(query)
-        headers = dict(self._headers)  # per-request headers replace the pool's, so all here
+        sent = dict(self._headers)  # per-request headers replace the pool's, so all here
+        if headers:
+            sent.update(headers)
         if body is not None:
             data = encode(body)
         if data is not None:
-            headers["Content-Type"] = "application/json"
+            sent["Content-Type"] = "application/json"
         read_timeout = self.timeout if timeout is None else timeout
         attempts = self.retry_policy.retries + 1 if idempotent else 1
         for attempt in range(attempts):
@@ -130,7 +133,7 @@ class Http:
                     method,
                     url,
                     body=data,
-                    headers=headers,
+                    headers=sent,
                     timeout=urllib3.Timeout(connect=self.timeout, read=read_timeout),
                     redirect=False,
                 )

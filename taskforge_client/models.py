@@ -33,6 +33,11 @@ class TaskSpec:
     at: datetime | None = None
     idempotency_key: str | None = None
     max_retries: int | None = None
+    fairness_key: str | None = None
+    # W3C Trace Context of this task (a batch item's own; `TaskForge.enqueue` and the
+    # batcher fill them from the current span when opentelemetry-api is installed).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     def body(self) -> dict[str, Any]:
         """The enqueue body of API.md."""
@@ -51,6 +56,12 @@ class TaskSpec:
             body["idempotency_key"] = self.idempotency_key
         if self.max_retries is not None:
             body["max_retries"] = self.max_retries
+        if self.traceparent is not None:
+            body["traceparent"] = self.traceparent
+            if self.tracestate is not None:
+                body["tracestate"] = self.tracestate
+        if self.fairness_key is not None:
+            body["fairness_key"] = self.fairness_key
         return body
 
 
@@ -79,6 +90,10 @@ class Queue:
     # None: the deployment's backoff; else {"min_backoff_seconds", "max_backoff_seconds",
     # "max_doublings", "max_retry_duration_seconds"} (v1.2).
     retry_policy: dict[str, Any] | None = None
+    # Fairness keys (v1.2): weights by key, and each key's cap and rate (None: none).
+    key_weights: dict[str, int] = field(default_factory=dict)
+    key_max_concurrency: int | None = None
+    key_rate_limit: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Queue:
@@ -93,6 +108,9 @@ class Queue:
             max_concurrency=data.get("max_concurrency"),
             push=data.get("push"),
             retry_policy=data.get("retry_policy"),
+            key_weights=dict(data.get("key_weights") or {}),
+            key_max_concurrency=data.get("key_max_concurrency"),
+            key_rate_limit=data.get("key_rate_limit"),
         )
 
 
@@ -119,6 +137,11 @@ class Task:
     finished_at: datetime | None
     lease_expires_at: datetime | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # The enqueue's W3C Trace Context, in a claim's answer (API.md v1.2).
+    traceparent: str | None = None
+    tracestate: str | None = None
+    # The task's fairness key (v1.2); None for the anonymous key.
+    fairness_key: str | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Task:
@@ -142,6 +165,9 @@ class Task:
             finished_at=parse_time(data.get("finished_at")),
             lease_expires_at=parse_time(data.get("lease_expires_at")),
             raw=data,
+            traceparent=data.get("traceparent"),
+            tracestate=data.get("tracestate"),
+            fairness_key=data.get("fairness_key"),
         )
 
 
@@ -222,6 +248,8 @@ class Stats:
     error_rate: float
     oldest_pending_age_seconds: float | None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # Fairness keys with live tasks, the anonymous key included (v1.2).
+    keys: int = 0
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Stats:
@@ -233,6 +261,30 @@ class Stats:
             dlq_depth=int(data.get("dlq_depth", 0)),
             throughput_per_second=float(data.get("throughput_per_second") or 0.0),
             error_rate=float(data.get("error_rate") or 0.0),
+            oldest_pending_age_seconds=data.get("oldest_pending_age_seconds"),
+            raw=data,
+            keys=int(data.get("keys", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class QueueKey:
+    """One fairness key of a queue: `GET /queues/:name/keys` (`key` None: the anonymous key)."""
+
+    key: str | None
+    pending: int
+    executing: int
+    retry: int
+    oldest_pending_age_seconds: float | None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QueueKey:
+        return cls(
+            key=data.get("key"),
+            pending=int(data.get("pending", 0)),
+            executing=int(data.get("executing", 0)),
+            retry=int(data.get("retry", 0)),
             oldest_pending_age_seconds=data.get("oldest_pending_age_seconds"),
             raw=data,
         )

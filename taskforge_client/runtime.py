@@ -45,6 +45,7 @@ from taskforge_client.errors import (
     TaskForgeError,
 )
 from taskforge_client.models import BatchResult, Task
+from taskforge_client.tracing import process_span
 
 log = logging.getLogger("taskforge_client.worker")
 
@@ -312,7 +313,10 @@ class Worker:
         """Run the handler and report its outcome; True when an ack is on its way."""
         task = run.task
         try:
-            result = self.handler(task)
+            with process_span(
+                task.queue, task.id, task.attempts, task.traceparent, task.tracestate
+            ):
+                result = self.handler(task)
             if result is not None:
                 json.dumps(result)  # refuse a result the API could not store, as a failure
         except Permanent as exc:

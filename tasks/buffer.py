@@ -38,6 +38,10 @@ slots) arrived, which wakes about n waiting claims of each API process
 (tasks.wakeup), or a comma-separated list of bare queue ids, which wakes all.
 A classic PUBLISH reaches the subscribers of every node of a cluster.
 
+Fairness keys: tasks with one wait in their key's ready set, handed out by
+key in turns (`tasks.fair_buffer`, whose `KeyedBuffer` `Buffer` extends); a
+queue with no keyed task buffered keeps the keys above and their cost.
+
 Redis is only a buffer: Postgres says what a task's status is.  Losing any
 of these keys loses no task; the watchdog's reconcile puts `claimed` tasks
 that are missing from their set back in, and rebuilds each capped queue's
@@ -51,7 +55,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import cast
@@ -61,7 +65,10 @@ from redis.cluster import RedisCluster
 
 from taskforge.conf import conf
 from taskforge.lib.redisconn import Client, channel, connect
+from tasks import fair_buffer
 from tasks.buffer_scripts import ADMIT, COUNT, PRUNE, RELEASE, TAKE
+from tasks.fair_buffer import NO_KEY_LIMITS, KeyedBuffer, fair_key, prefix, text, weights_version
+from tasks.fair_buffer import KeyLimits as KeyLimits  # a take's, named here for its callers
 
 
 def wake_channel() -> str:
@@ -133,6 +140,7 @@ SEEN_SIZE_SECONDS = 0.1
 def forget_seen_sizes() -> None:
     """Forget the sizes seen (tests: another Redis db, queues reused by name)."""
     _seen_sizes.clear()
+    fair_buffer.forget_seen_key_sizes()
 
 
 class Admission(enum.Enum):
@@ -167,7 +175,7 @@ class Taken:
     uncounted: bool = False  # capped, running count unknown: rebuild it, then take again
 
 
-class Buffer:
+class Buffer(KeyedBuffer):
     """The per-queue dispatch buffer in Redis."""
 
     def __init__(self, client: Client) -> None:
@@ -177,6 +185,7 @@ class Buffer:
         self._count = client.register_script(COUNT)
         self._prune = client.register_script(PRUNE)
         self._admit = client.register_script(ADMIT)
+        self.register_keyed(client)
 
     def push(
         self,
@@ -217,6 +226,10 @@ class Buffer:
         _seen_sizes[str(queue_id)] = (int(size), time.monotonic())
         return int(added)
 
+    def wake_message(self, queue_id: uuid.UUID | str, count: int) -> tuple[str, str]:
+        """The channel and message that wake about `count` claims of the queue."""
+        return wake_channel(), f"{queue_id}:{count}"
+
     def admit(self, queue_id: uuid.UUID | str, count: int, best_score: int) -> Admission:
         """Where an enqueue's `count` due tasks go, the most urgent scoring `best_score`.
 
@@ -256,52 +269,96 @@ class Buffer:
         max_concurrency: int | None = None,
         *,
         lane: str = "",
+        keys: KeyLimits | None = None,
     ) -> Taken:
         """Pop up to `limit` ids of a lane in order, as the queue's token bucket and cap allow.
 
-        With a cap, the ids taken hold a slot each until `release`.
+        With a cap (the queue's or its keys'), the ids taken hold a slot each
+        until `release`.  The queue's own lane hands out by fairness key
+        while keyed tasks are buffered, under `keys`' limits and weights.
         """
-        ids, wait_ms, state = self._take(
-            keys=[
-                ready_key(queue_id, lane),
-                bucket_key(queue_id),
-                running_key(queue_id),
-                counted_key(queue_id),
-            ],
-            args=[limit, rate_limit or 0, max_concurrency or 0],
-        )
-        return Taken([_text(i) for i in ids], int(wait_ms), state == 1, state == 2)
+        keys = keys or NO_KEY_LIMITS
+        version = weights_version(keys.weights)
+        args = [
+            limit,
+            rate_limit or 0,
+            max_concurrency or 0,
+            "" if lane else "1",
+            keys.max_concurrency or 0,
+            keys.rate_limit or 0,
+            version,
+            prefix(queue_id),
+        ]
+        redis_keys = [
+            ready_key(queue_id, lane),
+            bucket_key(queue_id),
+            running_key(queue_id),
+            counted_key(queue_id),
+            fair_key(queue_id),
+        ]
+        ids, wait_ms, state = self._take(keys=redis_keys, args=args)
+        if state == 3 and keys.weights:
+            self.set_weights(queue_id, keys.weights)
+            ids, wait_ms, state = self._take(keys=redis_keys, args=args)
+        return Taken([text(i) for i in ids], int(wait_ms), state == 1, state == 2)
 
     def release(
-        self, queue_id: uuid.UUID | str, task_ids: Sequence[str], max_concurrency: int | None
+        self,
+        queue_id: uuid.UUID | str,
+        task_ids: Sequence[str],
+        max_concurrency: int | None,
+        key_max_concurrency: int | None = None,
     ) -> int:
-        """Free the slots of `task_ids` (idempotent); wake claims if the queue was full."""
+        """Free the slots of `task_ids` and of their fairness keys (idempotent).
+
+        Wakes claims if the queue was full, or a key held back by its cap may
+        hand out again.
+        """
         if not task_ids:
             return 0
         return int(
             self._release(
                 keys=[running_key(queue_id)],
-                args=[max_concurrency or 0, wake_channel(), str(queue_id), *task_ids],
+                args=[
+                    max_concurrency or 0,
+                    wake_channel(),
+                    str(queue_id),
+                    key_max_concurrency or 0,
+                    prefix(queue_id),
+                    *task_ids,
+                ],
             )
         )
 
     def count(
-        self, queue_id: uuid.UUID | str, task_ids: Sequence[str], *, mark_ttl_ms: int | None = 0
+        self,
+        queue_id: uuid.UUID | str,
+        task_ids: Sequence[str],
+        *,
+        mark_ttl_ms: int | None = 0,
+        keys: Mapping[str, str | None] | None = None,
     ) -> None:
-        """Add executing ids to the running set and mark the count as known.
+        """Add executing ids to the running set (and those with a fairness key, per
+        `keys`, to their key's count) and mark the count as known.
 
         `mark_ttl_ms` > 0: the mark lapses after that long (the count is
         rebuilt again then); 0: it stays; None: the mark is not set (more
         ids are to come).
         """
         ttl = -1 if mark_ttl_ms is None else mark_ttl_ms
-        self._count(keys=[running_key(queue_id), counted_key(queue_id)], args=[ttl, *task_ids])
+        flat: list[str] = []
+        for task_id in task_ids:
+            flat += (task_id, (keys or {}).get(task_id) or "")
+        self._count(
+            keys=[running_key(queue_id), counted_key(queue_id)],
+            args=[ttl, prefix(queue_id), *flat],
+        )
 
     def running(self, queue_id: uuid.UUID | str, *, before_ms: int | None = None) -> list[str]:
         """Ids holding a slot (only those that took it before `before_ms`, Redis clock)."""
         top = "+inf" if before_ms is None else f"({before_ms}"
         members = cast(list[bytes], self.client.zrangebyscore(running_key(queue_id), "-inf", top))
-        return [_text(member) for member in members]
+        return [text(member) for member in members]
 
     def start_counting(self, queue_id: uuid.UUID | str) -> bool:
         """True for the one caller that may rebuild the count now (for 1 s at most)."""
@@ -317,7 +374,9 @@ class Buffer:
         """Free the slots of `task_ids` that were taken before `before_ms` only."""
         if not task_ids:
             return 0
-        return int(self._prune(keys=[running_key(queue_id)], args=[before_ms, *task_ids]))
+        return int(
+            self._prune(keys=[running_key(queue_id)], args=[before_ms, prefix(queue_id), *task_ids])
+        )
 
     def forget_running(self, queue_ids: Iterable[uuid.UUID | str]) -> None:
         """Drop the running sets of queues without a cap (a new cap counts afresh)."""
@@ -327,17 +386,14 @@ class Buffer:
             # even of one slot (it raised, and failed every watchdog tick).
             pipe.delete(running_key(queue_id))
             pipe.delete(counted_key(queue_id))
+            pipe.delete(f"{prefix(queue_id)}krun")
+            pipe.delete(f"{prefix(queue_id)}ktask")
         pipe.execute()
 
     def now_ms(self) -> int:
         """The Redis server's clock, in ms (the running set's scores)."""
         seconds, micros = self.client.time()
         return int(seconds) * 1000 + int(micros) // 1000
-
-    def remove(self, queue_id: uuid.UUID | str, task_ids: Sequence[str]) -> int:
-        if not task_ids:
-            return 0
-        return int(self.client.zrem(ready_key(queue_id), *task_ids))
 
     def present(
         self, queue_id: uuid.UUID | str, task_ids: Sequence[str], *, lane: str = ""
@@ -348,11 +404,11 @@ class Buffer:
         scores = self.client.zmscore(ready_key(queue_id, lane), list(task_ids))
         return [value is not None for value in scores]
 
-    def pop_all(
-        self, queue_id: uuid.UUID | str, limit: int = 100_000, *, lane: str = ""
-    ) -> list[str]:
-        popped = self.client.zpopmin(ready_key(queue_id, lane), limit)
-        return [_text(member) for member, _ in cast(_Scored, popped)]
+    def pop_all(self, queue_id: uuid.UUID | str, *, lane: str = "") -> list[str]:
+        """Empty a lane of a (paused) queue: its own with every fairness key's, or `lane`."""
+        popped = self.client.zpopmin(ready_key(queue_id, lane), 100_000)
+        ids = [text(member) for member, _ in cast(_Scored, popped)]
+        return ids if lane else ids + self.drain_keyed(queue_id)
 
     def worst_score(self, queue_id: uuid.UUID | str) -> int | None:
         """Score of the least urgent buffered task, or None when empty."""
@@ -361,7 +417,7 @@ class Buffer:
 
     def pop_worst(self, queue_id: uuid.UUID | str, count: int) -> list[str]:
         popped = self.client.zpopmax(ready_key(queue_id), count)
-        return [_text(member) for member, _ in cast(_Scored, popped)]
+        return [text(member) for member, _ in cast(_Scored, popped)]
 
     def lost_queues(self, queue_ids: Iterable[uuid.UUID | str]) -> list[str]:
         """Mark each queue's slot as known; return the queues whose mark was missing.
@@ -389,6 +445,7 @@ class Buffer:
             self.client.publish(wake_channel(), names)
 
     def forget_queue(self, queue_id: uuid.UUID | str) -> None:
+        self.forget_keyed(queue_id)
         self.client.delete(
             ready_key(queue_id),
             ready_key(queue_id, HTTP_LANE),
@@ -400,10 +457,6 @@ class Buffer:
             epoch_key(queue_id),
             watched_key(queue_id),
         )
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 _local = threading.local()

@@ -1,7 +1,9 @@
 """Queue concurrency caps (`Queue.max_concurrency`): the running count in Redis.
 
 A capped queue's slots in use are a Redis set of task ids (tasks.buffer,
-`running`).  The claim's take checks the cap and adds the ids it pops in the
+`running`); with `key_max_concurrency`, also each fairness key's count
+(`krun`, `ktask`), kept by the same take, release and rebuild.  The claim's
+take checks the cap and adds the ids it pops in the
 same script as the rate limit, so no number of claims racing in any number
 of processes hands out past the cap.  A slot is freed (`release`, which wakes
 waiting claims when the queue was full):
@@ -49,16 +51,21 @@ CHUNK = 5000
 CLAIM_COUNT_TTL_MS = 2000
 
 
+def counts_slots(queue: Queue) -> bool:
+    """Does the queue count its executing tasks (its own cap, or its keys')?"""
+    return queue.max_concurrency is not None or queue.key_max_concurrency is not None
+
+
 def release(queue: Queue, task_ids: Sequence[str]) -> None:
     """Free the slots of `task_ids` in a capped queue now; never raises.
 
     A release that fails (Redis down) leaves the slots taken until the
     reconcile frees them.
     """
-    if queue.max_concurrency is None or not task_ids:
+    if not counts_slots(queue) or not task_ids:
         return
     try:
-        get_buffer().release(queue.id, task_ids, queue.max_concurrency)
+        get_buffer().release(queue.id, task_ids, queue.max_concurrency, queue.key_max_concurrency)
     except RedisError:
         logger.warning(
             "concurrency.release_failed", extra={"queue": queue.name, "count": len(task_ids)}
@@ -74,7 +81,7 @@ def release_on_commit(tasks: Iterable[Task]) -> None:
     by_queue: dict[Any, list[str]] = defaultdict(list)
     queues: dict[Any, Queue] = {}
     for task in tasks:
-        if task.queue.max_concurrency is not None:
+        if counts_slots(task.queue):
             by_queue[task.queue_id].append(str(task.pk))
             queues[task.queue_id] = task.queue
     for queue_id, ids in by_queue.items():
@@ -84,11 +91,16 @@ def release_on_commit(tasks: Iterable[Task]) -> None:
 
 def _executing(queue: Queue, among: Sequence[str] | None = None) -> set[str]:
     """Ids of the queue's executing tasks (only those of `among` when given)."""
+    return set(_executing_keys(queue, among))
+
+
+def _executing_keys(queue: Queue, among: Sequence[str] | None = None) -> dict[str, str | None]:
+    """The queue's executing tasks' ids and fairness keys (only those of `among` when given)."""
     rows = Task.objects.filter(queue_id=queue.id, status=TaskStatus.EXECUTING)
     if among is not None:
         rows = rows.filter(pk__in=list(among))
     # Uses task_queue_status_idx.
-    return {str(task_id) for task_id in rows.values_list("id", flat=True)}
+    return {str(task_id): key for task_id, key in rows.values_list("id", "fairness_key")}
 
 
 def count_running(queue: Queue, *, ttl_ms: int = 0) -> None:
@@ -100,15 +112,18 @@ def count_running(queue: Queue, *, ttl_ms: int = 0) -> None:
     otherwise hold it.  Concurrent rebuilds add the same ids (a set).
     """
     buffer = get_buffer()
-    ids = sorted(_executing(queue))
+    keys = _executing_keys(queue)
+    ids = sorted(keys)
     chunks = [ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK)] or [[]]
     for index, chunk in enumerate(chunks):
         last = index == len(chunks) - 1
-        buffer.count(queue.id, chunk, mark_ttl_ms=ttl_ms if last else None)
+        buffer.count(queue.id, chunk, mark_ttl_ms=ttl_ms if last else None, keys=keys)
     if ids:
         finished = set(ids) - _executing(queue, ids)
         if finished:
-            buffer.release(queue.id, sorted(finished), queue.max_concurrency)
+            buffer.release(
+                queue.id, sorted(finished), queue.max_concurrency, queue.key_max_concurrency
+            )
 
 
 def recount_for_claim(queue: Queue) -> bool:
@@ -143,8 +158,8 @@ def reconcile_running(*, grace: timedelta | None = None) -> int:
     buffer = get_buffer()
     uncapped: list[str] = []
     freed = 0
-    for queue in Queue.objects.only("id", "name", "max_concurrency"):
-        if queue.max_concurrency is None:
+    for queue in Queue.objects.only("id", "name", "max_concurrency", "key_max_concurrency"):
+        if not counts_slots(queue):
             uncapped.append(str(queue.id))
             continue
         cutoff = buffer.now_ms() - int(grace.total_seconds() * 1000)

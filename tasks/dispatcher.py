@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from django.db import transaction
@@ -36,13 +36,14 @@ from django.db import transaction
 from queues.models import Queue
 from queues.notify import DISPATCH_CHANNEL
 from taskforge.conf import conf
+from taskforge.lib import pg
 from taskforge.lib.listen import Listener
 from taskforge.lib.loop import SLEEP_SLICE, Loop
 from taskforge.lib.redisconn import REDIS_FAILURES
-from tasks import transitions
+from tasks import sql, transitions
 from tasks.buffer import HTTP_LANE, get_buffer, score
 from tasks.models import Task, TaskStatus
-from tasks.reconcile import rebuffer_missing
+from tasks.reconcile import rebuffer_missing, restore_key_rates
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,18 @@ FULL_BUFFER_POLL = 0.05
 BURST_SECONDS = 0.05
 GATHER_SECONDS = 0.01
 IDLE, MORE, FULL = object(), object(), object()
+# Fairness keys looked at per pass of a queue, and tasks of keys buffered per pass.
+KEYS_PER_PASS = 1000
+KEYED_BATCH = 5000
 # A watched queue's mark in Redis is set again after this long (Buffer.watch).
 REMARK_SECONDS = 1.0
+
+
+def pending_keys(queue: Queue, *, after: str = "", limit: int = 1000) -> list[str]:
+    """The fairness keys with pending tasks in the queue, after `after` in key order."""
+    with pg.cursor() as cursor:
+        cursor.execute(sql.PENDING_KEYS, {"queue_id": queue.id, "after": after, "limit": limit})
+        return [key for (key,) in cursor.fetchall()]
 
 
 class DispatcherLoop(Loop):
@@ -74,6 +85,7 @@ class DispatcherLoop(Loop):
         self._full: set[str] = set()  # queue ids whose buffer is full (a backlog waits)
         self._marked: dict[str, float] = {}  # queue id -> when last marked watched
         self._next_full_pass = 0.0
+        self._key_after: dict[str, str] = {}  # queue id -> the last fairness key looked at
 
     @property
     def interval(self) -> float:
@@ -95,6 +107,7 @@ class DispatcherLoop(Loop):
                 # data, or the queues are new: restore every claimed task's
                 # entry now rather than after the reconcile delay.
                 rebuffer_missing(claimed_before=None, queue_ids=lost)
+                restore_key_rates([q for q in queues if str(q.id) in set(lost)])
         else:
             queues = list(Queue.objects.filter(id__in=self._woken | self._more | self._full))
         woken = self._woken
@@ -105,9 +118,10 @@ class DispatcherLoop(Loop):
                 self.drain(queue)
                 continue
             outcome = self.dispatch(queue, preempt=full_pass or key in woken)
-            if outcome is MORE:
+            keyed = self.dispatch_keys(queue)
+            if MORE in (outcome, keyed):
                 self._more.add(key)
-            elif outcome is FULL:
+            elif FULL in (outcome, keyed):
                 self._full.add(key)
             self._mark(queue, watched=outcome is FULL)
         return bool(self._more)
@@ -150,6 +164,65 @@ class DispatcherLoop(Loop):
         if len(tasks) < limit:
             return IDLE
         return FULL if limit == room else MORE
+
+    def dispatch_keys(self, queue: Queue) -> object:
+        """Buffer due tasks of the queue's fairness keys, each key up to its own bound.
+
+        Looks at up to KEYS_PER_PASS keys with pending tasks (in key order,
+        from where the last pass stopped: a skip scan, one probe per key) and
+        moves into each key's ready set what fits (TASKFORGE_BUFFER_SIZE per
+        key).  Returns MORE (keys left to look at, or a key filled to its
+        bound), FULL (a key's backlog waits for room) or IDLE.
+        """
+        after = self._key_after.get(str(queue.id), "")
+        keys = pending_keys(queue, after=after, limit=KEYS_PER_PASS)
+        if not keys:
+            self._key_after.pop(str(queue.id), None)
+            return MORE if after else IDLE
+        buffer = get_buffer()
+        sizes = buffer.key_sizes(queue.id, keys)
+        rooms: dict[str, int] = {}
+        budget = KEYED_BATCH
+        backlog = False
+        last = keys[-1]  # the last key looked at: the next pass goes on after it
+        for key, size in zip(keys, sizes, strict=True):
+            room = min(conf.BUFFER_SIZE - size, budget)
+            if room <= 0:
+                backlog = True
+                continue
+            rooms[key] = room
+            budget -= room
+            if budget <= 0:
+                last = key
+                break
+        tasks = transitions.buffer_due(queue, rooms=rooms) if rooms else []
+        if tasks:
+            try:
+                buffer.push_keyed(
+                    queue.id,
+                    [
+                        (t.task_id, score(t.priority, t.scheduled_at), cast(str, t.key))
+                        for t in tasks
+                    ],
+                    wake=True,
+                )
+            except REDIS_FAILURES:
+                self._unbuffer(queue, [t.task_id for t in tasks])
+                raise
+        got: dict[str, int] = {}
+        for task in tasks:
+            got[cast(str, task.key)] = got.get(cast(str, task.key), 0) + 1
+        # A key given all the room it had may have more waiting, as may one with none.
+        backlog = backlog or any(got.get(key, 0) >= room for key, room in rooms.items())
+        if budget <= 0 or len(keys) == KEYS_PER_PASS:
+            self._key_after[str(queue.id)] = last
+            if tasks:
+                return MORE
+        else:
+            self._key_after.pop(str(queue.id), None)
+        # Keys whose pending tasks are not due yet are looked at again at the next
+        # pass (the tick, a NOTIFY), not in a loop.
+        return FULL if backlog else IDLE
 
     def drain(self, queue: Queue) -> None:
         """Take a paused queue's buffered tasks back to `pending`, its push lane's too

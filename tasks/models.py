@@ -99,6 +99,13 @@ class Task(models.Model):
     # When attempt 1 was handed out (Cloud Tasks' firstAttempt.dispatchTime, which
     # maxRetryDuration counts from); cleared by a replay.
     first_claimed_at = models.DateTimeField(null=True, blank=True)
+    # The W3C Trace Context the enqueue carried (API.md "Tracing (v1.2)"), as
+    # `taskforge.tracing.context_of` kept it; NULL without a valid traceparent.
+    traceparent = models.TextField(null=True, blank=True)
+    tracestate = models.TextField(null=True, blank=True)
+    # The task's fairness key (API.md "Fairness keys (v1.2)"): NULL for the
+    # anonymous key.  Its queue hands out by key (tasks.buffer).
+    fairness_key = models.CharField(max_length=200, null=True, blank=True)
 
     objects = TaskQuerySet.as_manager()
 
@@ -122,11 +129,20 @@ class Task(models.Model):
         ]
         indexes = [
             # Used by the dispatcher's SKIP LOCKED select of due pending tasks;
-            # keep in sync with its ORDER BY (priority, scheduled_at, id).
+            # keep in sync with its ORDER BY (priority, scheduled_at, id).  Tasks
+            # without a fairness key only: a keyed backlog never lies in the way.
             models.Index(
                 fields=["queue", "priority", "scheduled_at", "id"],
                 name="task_pending_due_idx",
-                condition=Q(status="pending"),
+                condition=Q(status="pending", fairness_key__isnull=True),
+            ),
+            # The same for tasks with a fairness key, per key (tasks.sql.BUFFER_DUE_KEYS),
+            # and the keys with pending tasks (tasks.sql.PENDING_KEYS, a skip scan).
+            # Anonymous tasks get no entry: they pay nothing for it.
+            models.Index(
+                fields=["queue", "fairness_key", "priority", "scheduled_at", "id"],
+                name="task_pending_key_idx",
+                condition=Q(status="pending", fairness_key__isnull=False),
             ),
             # Used by the scheduler to find delayed pending tasks that came due.
             models.Index(

@@ -8,7 +8,7 @@ no queue again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -19,7 +19,7 @@ from queues import lookup
 from queues.models import Queue
 from taskforge.lib import internals, jsonutil, pg
 from taskforge.lib.ids import uuid7
-from tasks.models import Task
+from tasks.models import Task, TaskStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,15 +37,59 @@ class NewTask:
     name: str | None = None
     http_request: dict[str, Any] | None = None
     retry_config: dict[str, Any] | None = None
+    # The enqueue's W3C Trace Context (taskforge.tracing.context_of).
+    traceparent: str | None = None
+    tracestate: str | None = None
+    fairness_key: str | None = None
 
 
 class Buffered(NamedTuple):
-    """A task `transitions.buffer_due` moved into the buffer (`http`: to the push lane)."""
+    """A task `transitions.buffer_due` moved into the buffer (`http`: to the push lane;
+    `key`: its fairness key's ready set)."""
 
     task_id: str
     priority: int
     scheduled_at: datetime
     http: bool = False
+    key: str | None = None
+
+
+def create_params(
+    queue_id: Any, group: Sequence[Task], now: datetime, *, wake: bool
+) -> dict[str, Any]:
+    """The CREATE statement's parameters for one queue's new tasks (tasks.sql.CREATE).
+
+    Due tasks left `pending` wake the dispatchers: those without a fairness key only
+    when `wake`, keyed ones always (their backlog is moved key by key); the earliest
+    task due later wakes the schedulers.
+    """
+    traced = any(task.traceparent is not None for task in group)
+    later = [task.scheduled_at for task in group if task.scheduled_at > now]
+    return {
+        "queue_id": queue_id,
+        "now": now,
+        "ids": pg.array(task.pk for task in group),
+        "payloads": pg.array(jsonutil.dumps(task.payload).decode() for task in group),
+        "priorities": pg.array(task.priority for task in group),
+        "scheduled": pg.array(task.scheduled_at for task in group),
+        "max_retries": pg.array(task.max_retries for task in group),
+        "keys": pg.array(task.idempotency_key for task in group),
+        "buffer": pg.array(task.status == TaskStatus.CLAIMED for task in group),
+        "names": pg.array(task.name for task in group),
+        "http": pg.array(json_or_none(task.http_request) for task in group),
+        "retry": pg.array(json_or_none(task.retry_config) for task in group),
+        # NULL arrays when no task has a trace context (unnest pads them with NULLs).
+        "traceparents": pg.array(task.traceparent for task in group) if traced else None,
+        "tracestates": pg.array(task.tracestate for task in group) if traced else None,
+        "fairness_keys": pg.array(task.fairness_key for task in group),
+        "notify": any(
+            t.status == TaskStatus.PENDING
+            and t.scheduled_at <= now
+            and (wake or t.fairness_key is not None)
+            for t in group
+        ),
+        "wake_at": f"{min(later).timestamp():.6f}" if later else None,
+    }
 
 
 def json_or_none(value: Any) -> str | None:
@@ -79,6 +123,9 @@ def stored_task(
     values[_AT["name"]] = item.name
     values[_AT["http_request"]] = item.http_request
     values[_AT["retry_config"]] = item.retry_config
+    values[_AT["traceparent"]] = item.traceparent
+    values[_AT["tracestate"]] = item.tracestate
+    values[_AT["fairness_key"]] = item.fairness_key
     values[_AT["created_at"]] = values[_AT["updated_at"]] = now
     values[_AT["status_changed_at"]] = now
     task = build(values)

@@ -27,6 +27,7 @@ from django.utils import timezone
 from queues.exceptions import UnknownQueue
 from queues.models import Queue, is_queue_name
 from queues.notify import wake_scheduler
+from taskforge import tracing
 from taskforge.audit.log import Actor, record
 from taskforge.audit.models import Action
 from taskforge.lib import cron
@@ -250,6 +251,8 @@ def _fire(schedule: Schedule, now: datetime) -> None:
         priority=schedule.priority,
         max_retries=schedule.max_retries,
         idempotency_key=idempotency_key(schedule, fire_at),
+        # Each fire's task starts a trace of its own (taskforge.tracing.scheduled).
+        traceparent=tracing.scheduled(schedule.queue.name, schedule.name),
     )
     try:
         with transaction.atomic():

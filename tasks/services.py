@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -55,6 +55,10 @@ class TaskSpec:
     delay_seconds: float | None = None
     idempotency_key: str | None = None
     max_retries: int | None = None
+    # The enqueue's W3C Trace Context, as `taskforge.tracing.context_of` kept it.
+    traceparent: str | None = None
+    tracestate: str | None = None
+    fairness_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,17 +130,22 @@ def _enqueue(queue: Queue, specs: Sequence[TaskSpec]) -> list[Enqueued]:
                 scheduled_at=_due_time(spec, now),
                 max_retries=queue.max_retries if spec.max_retries is None else spec.max_retries,
                 idempotency_key=key,
+                traceparent=spec.traceparent,
+                tracestate=spec.tracestate,
+                fairness_key=spec.fairness_key or None,
             )
         )
     # Due tasks of a running queue go straight into the buffer when they fit:
     # no wait for the dispatcher's hop.  A batch that would overflow the
     # buffer (a backlog) is left to the dispatcher, which keeps hand-out order.
-    admission = _admission(queue, [task for task in new if task.scheduled_at <= now])
+    due = [task for task in new if task.scheduled_at <= now]
+    admission = _admission(queue, [task for task in due if task.fairness_key is None])
     stored = transitions.create(
         new,
         now=now,
         buffer=admission is Admission.BUFFER,
         wake=admission is not Admission.QUIET,
+        buffer_keys=_admitted_keys(queue, [task for task in due if task.fairness_key is not None]),
     )
     buffered = [task for task in stored if task.status == TaskStatus.CLAIMED]
     if buffered:
@@ -165,9 +174,37 @@ def _admission(queue: Queue, due: Sequence[transitions.NewTask]) -> Admission:
         return Admission.WAKE  # Redis is down: the tasks wait as pending, the dispatcher retries
 
 
+def _admitted_keys(queue: Queue, due: Sequence[transitions.NewTask]) -> set[str]:
+    """The fairness keys whose due tasks go straight into their ready sets (room for
+    them all, queue running); the others wait as pending for the dispatcher."""
+    if queue.paused or not due:
+        return set()
+    counts: dict[str, int] = {}
+    for task in due:
+        key = cast(str, task.fairness_key)
+        counts[key] = counts.get(key, 0) + 1
+    try:
+        return get_buffer().admit_keyed(queue.id, counts)
+    except REDIS_FAILURES:
+        return set()
+
+
 def _push_buffered(queue: Queue, tasks: Sequence[Task]) -> None:
     """Push tasks created `claimed` to Redis; a failure leaves them to the reconcile."""
+    keyed = [t for t in tasks if t.fairness_key is not None]
     try:
+        if keyed:
+            get_buffer().push_keyed(
+                queue.id,
+                [
+                    (str(t.pk), score(t.priority, t.scheduled_at), cast(str, t.fairness_key))
+                    for t in keyed
+                ],
+                wake=True,
+            )
+            if len(keyed) == len(tasks):
+                return
+            tasks = [t for t in tasks if t.fairness_key is None]
         get_buffer().push(
             queue.id, [(str(t.pk), score(t.priority, t.scheduled_at)) for t in tasks], wake=True
         )

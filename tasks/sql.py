@@ -75,7 +75,8 @@ TASK_COLUMNS = """
     t.claimed_by, t.claimed_key_id, t.heartbeat_at, t.attempts, t.max_retries, t.last_error,
     t.result,
     t.idempotency_key, t.created_at, t.updated_at, t.status_changed_at, t.finished_at,
-    t.name, t.http_request, t.retry_config, t.http_attempts, t.first_claimed_at
+    t.name, t.http_request, t.retry_config, t.http_attempts, t.first_claimed_at,
+    t.traceparent, t.tracestate, t.fairness_key
 """
 
 # -- create --
@@ -89,7 +90,9 @@ TASK_COLUMNS = """
 # text[]), priorities, scheduled (timestamptz[]), max_retries, keys (text[],
 # NULL for none), buffer (bool[]), notify (bool), wake_at (text or NULL); and for
 # tasks of the Cloud Tasks API names (text[]), http (jsonb as text[]), retry
-# (jsonb as text[]), NULL for a native task.
+# (jsonb as text[]), NULL for a native task; traceparents and tracestates (text[],
+# or NULL when no task of the call has any: unnest pads a NULL array with NULLs);
+# fairness_keys (text[], NULL for the anonymous key).
 CREATE = Statement(
     "create",
     frozenset({(None, "pending"), ("pending", "claimed")}),
@@ -97,15 +100,19 @@ CREATE = Statement(
 WITH new AS (
     INSERT INTO tasks_task (id, queue_id, payload, status, priority, scheduled_at, attempts,
                             max_retries, idempotency_key, created_at, updated_at,
-                            status_changed_at, name, http_request, retry_config)
+                            status_changed_at, name, http_request, retry_config, traceparent,
+                            tracestate, fairness_key)
     SELECT i.id, %(queue_id)s::uuid, i.payload::jsonb,
            CASE WHEN i.buffer THEN 'claimed' ELSE 'pending' END,
            i.priority, i.scheduled_at, 0, i.max_retries, i.key, %(now)s::timestamptz,
-           %(now)s::timestamptz, %(now)s::timestamptz, i.name, i.http::jsonb, i.retry::jsonb
+           %(now)s::timestamptz, %(now)s::timestamptz, i.name, i.http::jsonb, i.retry::jsonb,
+           i.traceparent, i.tracestate, i.fairness_key
     FROM unnest(%(ids)s::uuid[], %(payloads)s::text[], %(priorities)s::int[],
                 %(scheduled)s::timestamptz[], %(max_retries)s::int[], %(keys)s::text[],
-                %(buffer)s::bool[], %(names)s::text[], %(http)s::text[], %(retry)s::text[])
-        AS i(id, payload, priority, scheduled_at, max_retries, key, buffer, name, http, retry)
+                %(buffer)s::bool[], %(names)s::text[], %(http)s::text[], %(retry)s::text[],
+                %(traceparents)s::text[], %(tracestates)s::text[], %(fairness_keys)s::text[])
+        AS i(id, payload, priority, scheduled_at, max_retries, key, buffer, name, http, retry,
+             traceparent, tracestate, fairness_key)
 )
 SELECT pg_notify('{DISPATCH_CHANNEL}', %(queue_id)s::text) WHERE %(notify)s
 UNION ALL
@@ -131,6 +138,7 @@ BUFFER_DUE = Statement(
 WITH picked AS (
     SELECT id, status_changed_at FROM tasks_task
     WHERE queue_id = %(queue_id)s AND status = 'pending' AND scheduled_at <= %(now)s
+      AND fairness_key IS NULL
       AND (%(better_than)s::bigint IS NULL
            OR priority::bigint * 10000000000000
               + floor(extract(epoch FROM scheduled_at) * 1000)::bigint < %(better_than)s::bigint)
@@ -149,7 +157,7 @@ WITH picked AS (
     INSERT INTO tasks_taskevent (task_id, at, from_status, to_status, attempt)
     SELECT id, %(now)s, 'pending', 'claimed', attempts FROM moved
 )
-SELECT id, priority, scheduled_at, attempts, previous_changed_at, http FROM moved
+SELECT id, priority, scheduled_at, attempts, previous_changed_at, http, NULL::text FROM moved
 ORDER BY priority, scheduled_at, id
 """,  # nosec B608 - constants only; values are bound parameters
     # jit too: a plan with sorting off carries its huge cost, which would
@@ -160,6 +168,63 @@ ORDER BY priority, scheduled_at, id
     # picked rows are found through the primary key whatever the size.
     off=("enable_sort", "jit", "enable_hashjoin", "enable_mergejoin"),
 )
+
+# -- buffer_due_keys --
+# The same move for tasks with a fairness key (tasks.buffer: each key's own
+# ready set, bounded like the queue's): per key given, up to its `room` of its
+# due tasks in hand-out order (task_pending_key_idx).  Params: queue_id, now,
+# keys (text[]), rooms (int[]).
+BUFFER_DUE_KEYS = Statement(
+    "buffer_due",  # the verb's keyed form (transitions.buffer_due with rooms)
+    frozenset({("pending", "claimed")}),
+    f"""
+WITH want AS (
+    SELECT * FROM unnest(%(keys)s::text[], %(rooms)s::int[]) AS w(key, room)
+), picked AS (
+    SELECT p.id, p.status_changed_at FROM want CROSS JOIN LATERAL (
+        SELECT id, status_changed_at FROM tasks_task
+        WHERE queue_id = %(queue_id)s AND status = 'pending' AND fairness_key = want.key
+          AND scheduled_at <= %(now)s
+        ORDER BY priority, scheduled_at, id
+        LIMIT want.room
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) p
+), moved AS (
+    UPDATE tasks_task t
+    SET status = 'claimed', updated_at = %(now)s, status_changed_at = %(now)s
+    FROM picked
+    WHERE t.id = picked.id AND {by_id_with_status("t", "pending")}
+    RETURNING t.id, t.priority, t.scheduled_at, t.attempts,
+              picked.status_changed_at AS previous_changed_at,
+              t.http_request IS NOT NULL AS http, t.fairness_key
+), events AS (
+    INSERT INTO tasks_taskevent (task_id, at, from_status, to_status, attempt)
+    SELECT id, %(now)s, 'pending', 'claimed', attempts FROM moved
+)
+SELECT id, priority, scheduled_at, attempts, previous_changed_at, http, fairness_key FROM moved
+""",  # nosec B608 - constants only; values are bound parameters
+    off=("jit", "enable_hashjoin", "enable_mergejoin"),
+)
+
+# -- pending_keys --
+# The fairness keys with pending tasks in a queue, after `after` in key order,
+# at most `limit`: a skip scan of task_pending_key_idx (one probe per key, not
+# per task).  Params: queue_id, after (text), limit.
+PENDING_KEYS = """
+WITH RECURSIVE k(key) AS (
+    (SELECT fairness_key FROM tasks_task
+     WHERE queue_id = %(queue_id)s AND status = 'pending' AND fairness_key IS NOT NULL
+       AND fairness_key > %(after)s
+     ORDER BY fairness_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT fairness_key FROM tasks_task
+            WHERE queue_id = %(queue_id)s AND status = 'pending' AND fairness_key IS NOT NULL
+              AND fairness_key > k.key
+            ORDER BY fairness_key LIMIT 1)
+    FROM k WHERE k.key IS NOT NULL
+)
+SELECT key FROM k WHERE key IS NOT NULL LIMIT %(limit)s
+"""
 
 # -- hand_out --
 # claimed -> executing for the ids a claim popped from the buffer, with no
@@ -263,10 +328,12 @@ SELECT {answer} FROM moved
 
 
 ACK = Statement("ack", frozenset({("executing", "done")}), _ack("*"))
-# The same move answering only what its log lines and an ack batch's answer
-# read (the rest of each Task is deferred): a batch's payloads and results
-# are neither sent back nor decoded.
-ACK_BRIEF_TEXT = _ack("id, queue_id, status, attempts, previous_changed_at")
+# The same move answering only what its log lines, its spans (taskforge.tracing)
+# and an ack batch's answer read (the rest of each Task is deferred): a batch's
+# payloads and results are neither sent back nor decoded.
+ACK_BRIEF_TEXT = _ack(
+    "id, queue_id, status, attempts, previous_changed_at, traceparent, first_claimed_at"
+)
 
 # -- next_due --
 # When the scheduler next has work: the earliest retry (task_retry_due_idx),
@@ -311,4 +378,66 @@ RETURNING id
 FORGET_NAMES = """
 UPDATE tasks_taskname n SET released_at = t.finished_at
 FROM tasks_task t WHERE t.id = ANY(%s::uuid[]) AND n.task_id = t.id
+"""
+
+
+# -- keys (tasks.stats) --
+# Per fairness key of a queue with tasks on their way (pending, claimed,
+# executing, retry): `pending` (due pending and claimed), `executing`, `retry`
+# and the oldest due pending or claimed task's scheduled_at; the anonymous key
+# as NULL.  KEYS_PAGE: in the keys' code point order (COLLATE "C"), the
+# anonymous key first, after the cursor (`started`: the anonymous key was
+# shown; `after`: the last key shown, NULL for none), those with pending >=
+# min_pending, at most `limit`.  TOP_KEYS: the `limit` keys with the most
+# pending.  Params: queue_id, now, and those named.
+_KEY_ROWS = """
+SELECT fairness_key,
+       count(*) FILTER (WHERE status IN ('pending', 'claimed') AND scheduled_at <= %(now)s),
+       count(*) FILTER (WHERE status = 'executing'),
+       count(*) FILTER (WHERE status = 'retry'),
+       min(scheduled_at) FILTER (WHERE status IN ('pending', 'claimed')
+                                   AND scheduled_at <= %(now)s)
+FROM tasks_task
+WHERE queue_id = %(queue_id)s AND status IN ('pending', 'claimed', 'executing', 'retry')
+"""
+KEYS_PAGE = (
+    _KEY_ROWS
+    + """
+  AND (NOT %(started)s::boolean
+       OR (fairness_key IS NOT NULL
+           AND (%(after)s::text IS NULL OR fairness_key COLLATE "C" > %(after)s::text)))
+GROUP BY fairness_key
+HAVING count(*) FILTER (WHERE status IN ('pending', 'claimed') AND scheduled_at <= %(now)s)
+       >= %(min_pending)s
+ORDER BY fairness_key COLLATE "C" NULLS FIRST
+LIMIT %(limit)s
+"""
+)
+TOP_KEYS = (
+    _KEY_ROWS
+    + """
+GROUP BY fairness_key
+ORDER BY 2 DESC, 3 DESC, fairness_key COLLATE "C" NULLS FIRST
+LIMIT %(limit)s
+"""
+)
+
+
+# -- recent key hand-outs (tasks.reconcile.restore_key_rates) --
+# Per fairness key of a queue, the hand-outs since `since`: tasks executing
+# that were handed out since then (task_executing_since_idx) and attempts that
+# ended since then and had begun since then (taskevent_outcome_idx).  What a
+# key's bucket holds again after Redis lost it.  Params: queue_id, since.
+RECENT_KEY_HANDOUTS = """
+SELECT t.fairness_key, count(*) FROM (
+    SELECT id FROM tasks_task
+    WHERE status = 'executing' AND claimed_at IS NOT NULL AND claimed_at > %(since)s
+      AND queue_id = %(queue_id)s
+    UNION ALL
+    SELECT task_id FROM tasks_taskevent
+    WHERE queue_id = %(queue_id)s AND from_status = 'executing' AND at > %(since)s
+      AND claimed_at > %(since)s
+) h JOIN tasks_task t ON t.id = h.id
+WHERE t.fairness_key IS NOT NULL
+GROUP BY t.fairness_key
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -12,7 +13,7 @@ from django.utils import timezone
 
 from queues.models import Queue
 from taskforge.lib import pg
-from tasks import signals
+from tasks import signals, sql
 from tasks.lifecycle import IN_PROGRESS
 from tasks.models import Task, TaskEvent, TaskStatus
 
@@ -52,6 +53,8 @@ def queues_stats(
             executing=Count("status", filter=Q(status=S.EXECUTING)),
             retry=Count("status", filter=Q(status=S.RETRY)),
             oldest_due=Min("scheduled_at", filter=Q(status__in=[S.PENDING, S.CLAIMED]) & due),
+            named_keys=Count("fairness_key", distinct=True),
+            anonymous=Count("status", filter=Q(fairness_key__isnull=True)),
         )
         .order_by()
     )
@@ -89,6 +92,7 @@ def _stats(
     counts = dict(depth or {})
     oldest = counts.pop("oldest_due", None)
     dead = counts.pop("dead", 0)
+    keys = counts.pop("named_keys", 0) + (1 if counts.pop("anonymous", 0) else 0)
     for name in ("pending", "scheduled", "claimed", "executing", "retry"):
         counts.setdefault(name, 0)
     acks = (attempts or {}).get("acks", 0)
@@ -103,4 +107,72 @@ def _stats(
         "oldest_pending_age_seconds": (
             None if oldest is None else round(max((now - oldest).total_seconds(), 0.0), 3)
         ),
+        "keys": keys,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRow:
+    """One fairness key of a queue (GET /queues/:name/keys; None: the anonymous key)."""
+
+    key: str | None
+    pending: int
+    executing: int
+    retry: int
+    oldest_pending_age_seconds: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "pending": self.pending,
+            "executing": self.executing,
+            "retry": self.retry,
+            "oldest_pending_age_seconds": self.oldest_pending_age_seconds,
+        }
+
+
+def queue_keys(
+    queue: Queue,
+    *,
+    after: tuple[bool, str | None] = (False, None),
+    min_pending: int = 0,
+    limit: int = 100,
+    now: datetime | None = None,
+) -> list[KeyRow]:
+    """The queue's fairness keys with tasks on their way, in code point order, the
+    anonymous key first; `after` = (the anonymous key was shown, the last key shown).
+
+    One grouped read of the queue's live tasks after the cursor (task_not_done_idx).
+    """
+    now = now or timezone.now()
+    params = {
+        "queue_id": queue.id,
+        "now": now,
+        "started": after[0],
+        "after": after[1],
+        "min_pending": min_pending,
+        "limit": limit,
+    }
+    return _key_rows(sql.KEYS_PAGE, params, now)
+
+
+def top_keys(queue: Queue, *, limit: int = 10, now: datetime | None = None) -> list[KeyRow]:
+    """The `limit` fairness keys with the largest backlog (the dashboard's queue page)."""
+    now = now or timezone.now()
+    return _key_rows(sql.TOP_KEYS, {"queue_id": queue.id, "now": now, "limit": limit}, now)
+
+
+def _key_rows(statement: str, params: dict[str, Any], now: datetime) -> list[KeyRow]:
+    with pg.cursor() as cursor:
+        cursor.execute(statement, params)
+        rows = cursor.fetchall()
+    return [
+        KeyRow(
+            key,
+            pending,
+            executing,
+            retry,
+            None if oldest is None else round(max((now - oldest).total_seconds(), 0.0), 3),
+        )
+        for key, pending, executing, retry, oldest in rows
+    ]

@@ -8,9 +8,9 @@ statement of `tasks.sql` each, which locks the rows, writes the new status
 guarded by the old one and inserts the events in one round trip; the others
 take rows the caller has locked inside `transaction.atomic()`, check each
 move against their edges, write it guarded by the old status
-(`UPDATE ... WHERE status = <from>`) and add one `TaskEvent` per task.
-Either way one JSON line per task is logged once the transaction commits.
-Nothing else in TaskForge writes `Task.status` (a test walks the tree).
+(`UPDATE ... WHERE status = <from>`) and add one `TaskEvent` per task.  Either way
+one JSON line per task is logged, and its span built, once the transaction commits
+(`taskforge.tracing`: exporting only).  Nothing else writes `Task.status` (a test walks the tree).
 
 Apps above `tasks` keep their own records of a move through `tasks.signals`
 (the dead-letter queue's entries and each queue's DLQ depth), sent inside the
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -31,14 +31,15 @@ from django.utils import timezone
 
 from queues.models import Queue
 from queues.notify import wake_dispatchers, wake_scheduler
-from taskforge.lib import internals, jsonutil, pg
+from taskforge import tracing
+from taskforge.lib import internals, pg
 from tasks import concurrency, names, signals, sql
 from tasks import transitionlog as tlog
 from tasks.exceptions import InvalidTransition
 from tasks.lifecycle import FINISHED, Edge
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.retry import after_failure
-from tasks.rows import ATTNAMES, json_or_none, run_statement, stored_task
+from tasks.rows import ATTNAMES, create_params, run_statement, stored_task
 from tasks.rows import Buffered as Buffered  # what `buffer_due` answers
 from tasks.rows import NewTask as NewTask  # what `create` takes, named here for its callers
 
@@ -81,6 +82,7 @@ def create(
     now: datetime | None = None,
     buffer: bool = False,
     wake: bool = True,
+    buffer_keys: Collection[str] = (),
 ) -> list[Task]:
     """Insert new tasks as `pending` (the move from nothing); return them as stored.
 
@@ -91,20 +93,29 @@ def create(
     the dispatchers (NOTIFY, on commit), unless `wake` is False: the caller
     learnt that a dispatcher watches the queue's full buffer and that none of
     them is more urgent than what it holds (tasks.buffer.Admission.QUIET), so
-    they wait in the backlog it refills from.  Returns the tasks in the order
-    given, each with the status its row has, built as a query would load
-    them.  Caller contract: inside `atomic()` when several statements must
-    stand or fall together.
+    they wait in the backlog it refills from.  `buffer` and `wake` are of the
+    tasks without a fairness key; a due task with one goes to `claimed` when
+    its key is in `buffer_keys`, and else always wakes the dispatchers.
+    Returns the tasks in the order given, each with the status its row has,
+    built as a query would load them.  Caller contract: inside `atomic()` when
+    several statements must stand or fall together.
 
     Raises:
         IntegrityError: an idempotency key already exists in the queue, or the
             queue is gone.
     """
     now = now or timezone.now()
+    started = tracing.now_ns()
     build = internals.builder(Task, ATTNAMES)
     stored = [
         stored_task(
-            build, item, S.CLAIMED if buffer and item.scheduled_at <= now else S.PENDING, now
+            build,
+            item,
+            S.CLAIMED
+            if item.scheduled_at <= now
+            and (buffer if item.fairness_key is None else item.fairness_key in buffer_keys)
+            else S.PENDING,
+            now,
         )
         for item in new
     ]
@@ -113,26 +124,7 @@ def create(
         by_queue.setdefault(task.queue_id, []).append(task)
     with pg.cursor() as cursor:
         for queue_id, group in by_queue.items():
-            cursor.execute(
-                sql.CREATE.text,
-                {
-                    "queue_id": queue_id,
-                    "now": now,
-                    "ids": pg.array(task.pk for task in group),
-                    "payloads": pg.array(jsonutil.dumps(task.payload).decode() for task in group),
-                    "priorities": pg.array(task.priority for task in group),
-                    "scheduled": pg.array(task.scheduled_at for task in group),
-                    "max_retries": pg.array(task.max_retries for task in group),
-                    "keys": pg.array(task.idempotency_key for task in group),
-                    "buffer": pg.array(task.status == S.CLAIMED for task in group),
-                    "names": pg.array(task.name for task in group),
-                    "http": pg.array(json_or_none(task.http_request) for task in group),
-                    "retry": pg.array(json_or_none(task.retry_config) for task in group),
-                    "notify": wake
-                    and any(t.status == S.PENDING and t.scheduled_at <= now for t in group),
-                    "wake_at": _earliest_later(group, now),
-                },
-            )
+            cursor.execute(sql.CREATE.text, create_params(queue_id, group, now, wake=wake))
     created = [tlog.line(t.pk, t.queue.name, None, None, S.PENDING, 0, None) for t in stored]
     moved = [
         tlog.line(t.pk, t.queue.name, None, S.PENDING, S.CLAIMED, 0, timedelta(0))
@@ -142,44 +134,47 @@ def create(
     transaction.on_commit(lambda: tlog.log("task.created", created))
     if moved:
         transaction.on_commit(lambda: tlog.log("task.buffered", moved))
+    tracing.after_commit(tracing.enqueued, stored, started)
     return stored
 
 
-def _earliest_later(tasks: Sequence[Task], now: datetime) -> str | None:
-    """Unix seconds of the earliest task due after `now`, for the schedulers' wake-up."""
-    later = [task.scheduled_at for task in tasks if task.scheduled_at > now]
-    return f"{min(later).timestamp():.6f}" if later else None
-
-
-@verb(sql.BUFFER_DUE.edges)
+@verb(sql.BUFFER_DUE.edges | sql.BUFFER_DUE_KEYS.edges)
 def buffer_due(
-    queue: Queue, *, limit: int, better_than: int | None = None, now: datetime | None = None
+    queue: Queue,
+    *,
+    limit: int = 0,
+    better_than: int | None = None,
+    rooms: dict[str, int] | None = None,
+    now: datetime | None = None,
 ) -> list[Buffered]:
     """pending -> claimed for up to `limit` of the queue's due tasks, in one statement.
 
     Takes them in hand-out order, skipping rows other dispatchers hold, and
-    only those scoring below `better_than` when it is given.  Returns
-    `Buffered(id, priority, scheduled_at, http)` of the buffered tasks, best
-    first (`http`: the task has an HTTP target and goes to the push lane).
-    Caller contract: autocommit (the statement is its own transaction) or
-    inside `atomic()`.
+    only those scoring below `better_than` when it is given.  With `rooms`,
+    instead up to `rooms[key]` due tasks of each fairness key named, each
+    key's in hand-out order (tasks without a key are the other form's).
+    Returns `Buffered(id, priority, scheduled_at, http, key)` of the buffered
+    tasks (`http`: the task has an HTTP target and goes to the push lane;
+    `key`: its fairness key).  Caller contract: autocommit (the statement is
+    its own transaction) or inside `atomic()`.
     """
     now = now or timezone.now()
-    with transaction.atomic(), pg.cursor() as cursor, pg.planner_off(cursor, sql.BUFFER_DUE.off):
-        cursor.execute(
-            sql.BUFFER_DUE.text,
-            {"queue_id": queue.id, "now": now, "limit": limit, "better_than": better_than},
+    params: dict[str, Any] = {"limit": limit, "better_than": better_than}
+    statement = sql.BUFFER_DUE
+    if rooms is not None:
+        statement, params = (
+            sql.BUFFER_DUE_KEYS,
+            {"keys": pg.array(rooms), "rooms": pg.array(rooms.values())},
         )
+    with transaction.atomic(), pg.cursor() as cursor, pg.planner_off(cursor, statement.off):
+        cursor.execute(statement.text, {"queue_id": queue.id, "now": now, **params})
         rows = cursor.fetchall()
     lines = [
-        tlog.line(task_id, queue.name, None, S.PENDING, S.CLAIMED, attempts, now - previous)
-        for task_id, _, _, attempts, previous, _ in rows
+        tlog.line(row[0], queue.name, None, S.PENDING, S.CLAIMED, row[3], now - row[4])
+        for row in rows
     ]
     transaction.on_commit(lambda: tlog.log("task.buffered", lines))
-    return [
-        Buffered(str(task_id), priority, scheduled_at, http)
-        for task_id, priority, scheduled_at, _, _, http in rows
-    ]
+    return [Buffered(str(row[0]), row[1], row[2], row[5], row[6]) for row in rows]
 
 
 @verb(_RUN_NOW)
@@ -249,10 +244,13 @@ def hand_out(
         "push": push,
         "run": run,
     }
+    started = tracing.now_ns()
     moved = run_statement(sql.HAND_OUT.text, params, queues)
     order = {str(task_id): index for index, task_id in enumerate(ids)}
     moved.sort(key=lambda task: order[str(task.pk)])
     tlog.log_rows(moved, S.CLAIMED, event="handed_out", now=now, worker_id=worker_id)
+    if tracing.ENABLED and not push:  # a push's span ends with the answer (workers.pusher)
+        tracing.after_commit(tracing.dispatched, moved, started)
     return moved
 
 
@@ -287,8 +285,10 @@ def ack(
         "attempts": pg.array(item[1] for item in items),
         "results": pg.array(item[2] for item in items),
     }
+    started = tracing.now_ns()
     moved = run_statement(sql.ACK_BRIEF_TEXT if brief else sql.ACK.text, params, queues)
     tlog.log_rows(moved, S.EXECUTING, event="acked", now=now, worker_id=worker_id)
+    tracing.after_commit(tracing.settled, moved, started, outcome=tracing.ACK)
     concurrency.release_on_commit(moved)
     return moved
 
@@ -301,18 +301,20 @@ def fail(
     retry: bool = True,
     retry_after_seconds: float | None = None,
     now: datetime | None = None,
+    traced_as: str = tracing.NACK,
 ) -> None:
     """executing -> retry, or -> dead once attempts are spent or `retry` is False.
 
     A retry is due after the backoff, or the task's attempts are spent
     (`tasks.retry.after_failure`); `retry_after_seconds` replaces the backoff.
-    The task's concurrency slot is freed once the move commits.
+    The task's concurrency slot is freed once the move commits; `traced_as` names its span.
     Caller contract: holds the row lock inside `atomic()`.
 
     Raises:
         InvalidTransition: the task is not executing.
     """
     now = now or timezone.now()
+    tracing.after_commit(tracing.settled, [task], tracing.now_ns(), outcome=traced_as, error=error)
     next_at = after_failure(task, now)  # None: no attempts left
     if not retry or next_at is None:
         _move(
@@ -353,7 +355,7 @@ def expire_lease(task: Task, *, now: datetime | None = None) -> None:
 
     The same rule as a nack; caller contract as `fail`.
     """
-    fail(task, error=LEASE_EXPIRED_ERROR, now=now)
+    fail(task, error=LEASE_EXPIRED_ERROR, now=now, traced_as=tracing.LEASE_EXPIRED)
 
 
 @verb(_CANCEL)

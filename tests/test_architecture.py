@@ -265,9 +265,15 @@ def f(cursor, name, qs):
 # writes them and runs their Lua (`tasks/buffer_scripts.py`); everything else goes
 # through its `Buffer`.  Found elsewhere: a string naming a dispatch key or the wake-up
 # channel, an import of a key's name from `tasks.buffer`, an import of the scripts.
-DISPATCH_HOME = {"tasks/buffer.py", "tasks/buffer_scripts.py"}
+DISPATCH_HOME = {
+    "tasks/buffer.py",
+    "tasks/buffer_scripts.py",
+    "tasks/fair_buffer.py",
+    "tasks/fair_buffer_scripts.py",
+}
 DISPATCH_KEY = re.compile(
-    r"tf:\{.*\}:(ready|bucket|epoch|running|counted|counting|watched)\b|tf:wake"
+    r"tf:\{.*\}:(ready|bucket|epoch|running|counted|counting|watched|fair|ring|cpark|rpark"
+    r"|krun|ktask|kwv?|kb|k:)\b|tf:\{.*\}:k:|tf:wake"
 )
 
 

@@ -62,6 +62,7 @@ ENDPOINTS = [
     Endpoint("POST", "/queues/{queue}/resume", ADMINS, status.HTTP_200_OK),
     Endpoint("POST", "/queues/{queue}/purge", ADMINS, status.HTTP_200_OK),
     Endpoint("GET", "/queues/{queue}/stats", PRODUCERS, status.HTTP_200_OK),
+    Endpoint("GET", "/queues/{queue}/keys", PRODUCERS, status.HTTP_200_OK),
     Endpoint("GET", "/queues/{queue}/tasks", PRODUCERS, status.HTTP_200_OK),
     Endpoint("POST", "/queues/{queue}/tasks", PRODUCERS, status.HTTP_201_CREATED, {"payload": 1}),
     Endpoint(
@@ -417,6 +418,9 @@ def test_createqueue__prints_the_queue_as_json() -> None:
         "push": None,
         "paused": False,
         "retry_policy": None,
+        "key_weights": {},
+        "key_max_concurrency": None,
+        "key_rate_limit": None,
         "created_at": printed["created_at"],
     }
     assert printed["created_at"].endswith("Z")

@@ -47,7 +47,8 @@ from taskforge.api.health import forget_readiness
 from taskforge.lib.cache import RedisClusterCache
 from taskforge.lib.redisconn import connect
 from tasks.buffer import counted_key, ready_key, running_key
-from tasks.models import Task, TaskStatus
+from tasks.fair_buffer import KeyLimits
+from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.tests.factories import TaskFactory, age_lease
 from tests.helpers import assert_error
 from tests.rediscluster import RedisCluster, redis_server
@@ -176,6 +177,28 @@ def test_buffer__forget_running_drops_the_sets_on_every_node(
     assert left == [0] * 20 + [2] * 9 + [0]
 
 
+def test_buffer__fairness_keys_in_one_slot_per_queue_on_every_node(
+    cluster: RedisCluster, redis_client: ClusterClient
+) -> None:
+    """The keyed take, release, sizes and drain name their keys from the queue's prefix:
+    one slot per queue, whichever node holds it."""
+    buffer = tasks.buffer.get_buffer()
+    limits = KeyLimits(max_concurrency=1, rate_limit=50, weights={"A": 2})
+    for n in range(12):  # hash tags on every node
+        queue_id = f"fq{n}"
+        buffer.count(queue_id, [])
+        at = 5 * 10**13  # priority 5 (tasks.buffer.score)
+        buffer.push_keyed(queue_id, [("a1", at, "A"), ("a2", at + 1, "A"), ("b1", at + 2, "B")])
+        taken = buffer.take(queue_id, 10, None, None, keys=limits)
+        assert sorted(taken.ids) == ["a1", "b1"]
+        assert buffer.release(queue_id, ["a1"], None, 1) == 1
+        assert buffer.take(queue_id, 10, None, None, keys=limits).ids == ["a2"]
+        assert buffer.key_sizes(queue_id, ["A", "B"]) == [0, 0]
+        buffer.push_keyed(queue_id, [("c1", at, "C")])
+        assert buffer.pop_all(queue_id) == ["c1"]
+        buffer.forget_queue(queue_id)
+
+
 def test_watchdog__a_tick_reclaims_expired_leases_and_rebuffers_lost_tasks(
     cluster: RedisCluster, redis_client: ClusterClient
 ) -> None:
@@ -198,7 +221,12 @@ def test_watchdog__a_tick_reclaims_expired_leases_and_rebuffers_lost_tasks(
     loop._safe_tick()
 
     assert loop.failures == 0
-    assert Task.objects.get(pk=expired.pk).status == TaskStatus.RETRY
+    # The reclaim's own event: the task's status may already have moved on, when loops
+    # of a service another test of this module started promote and buffer it.
+    reclaimed = TaskEvent.objects.filter(
+        task_id=expired.pk, from_status=TaskStatus.EXECUTING, to_status=TaskStatus.RETRY
+    )
+    assert reclaimed.exists()
     assert redis_client.zscore(key, str(lost.pk)) is not None
 
 

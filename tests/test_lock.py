@@ -33,8 +33,8 @@ HEADER = "# Exported from uv.lock by make lock; do not edit."
 
 # Each exported file and the options of `uv export` that make it (the Makefile's `lock`).
 EXPORTS: dict[str, list[str]] = {
-    "dev": ["--group=build", "--extra=local", "--extra=test"],
-    "bench": ["--group=build", "--extra=local", "--extra=test", "--extra=bench"],
+    "dev": ["--group=build", "--extra=local", "--extra=test", "--extra=tracing"],
+    "bench": ["--group=build", "--extra=local", "--extra=test", "--extra=tracing", "--extra=bench"],
     "service": ["--group=build"],
     "uv": ["--only-group=lock"],
 }

@@ -29,7 +29,7 @@ from taskforge_client import (
     TaskForge,
     TaskSpec,
 )
-from taskforge_client.batching import Enqueues
+from taskforge_client.calls import Enqueues
 from tests.service import API, Service, api_process, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -20,6 +20,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from queues import push
+from taskforge import tracing
 from taskforge.conf import conf
 from taskforge.lib import jsonutil
 from workers import destinations, httptasks
@@ -46,6 +47,12 @@ class Job:
     # (workers.httptasks), not as a push queue's JSON POST.
     http: httptasks.HttpRequest | None = None
     dispatched_at: datetime | None = None
+    # The request's W3C Trace Context headers (taskforge.tracing.push_context,
+    # which name the attempt's dispatch span), and when it was handed out (the
+    # span's start; exporting only, 0 otherwise).
+    traceparent: str | None = None
+    tracestate: str | None = None
+    handed_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,7 @@ class Outcome:
     result: str | None = None
     retry_after: float | None = None
     status: int | None = None
+    ended_ns: int = 0  # when it ended, for its dispatch span (exporting only)
 
 
 def request_headers(job: Job, *, secret: str, now: float) -> CIMultiDict[str]:
@@ -133,7 +141,15 @@ async def deliver(session: aiohttp.ClientSession, job: Job, *, secret: str) -> O
         # (aiohttp names the URL, query included, in some errors; a target may echo a header).
         if error is not None:
             error = push.scrubbed(error, job.target)
-        return Outcome(job, kind, time.monotonic() - started, error=error, status=status, **fields)
+        return Outcome(
+            job,
+            kind,
+            time.monotonic() - started,
+            error=error,
+            status=status,
+            ended_ns=tracing.now_ns(),
+            **fields,
+        )
 
     try:
         async with session.request(
@@ -202,16 +218,24 @@ def _method_and_url(job: Job) -> tuple[str, str]:
 
 def _headers(job: Job, *, secret: str, now: float) -> CIMultiDict[str]:
     if job.http is None:
-        return request_headers(job, secret=secret, now=now)
-    return httptasks.headers_of(
-        job.http,
-        task_id=job.task_id,
-        queue=job.queue,
-        attempt=job.attempt,
-        secret=secret,
-        now=now,
-        token=job.http.token,
-    )
+        headers = request_headers(job, secret=secret, now=now)
+    else:
+        headers = httptasks.headers_of(
+            job.http,
+            task_id=job.task_id,
+            queue=job.queue,
+            attempt=job.attempt,
+            secret=secret,
+            now=now,
+            token=job.http.token,
+        )
+    if job.traceparent is not None:
+        # TaskForge's context wins over any of the queue's or the task's own headers.
+        headers["traceparent"] = job.traceparent
+        headers.popall("tracestate", None)
+        if job.tracestate is not None:
+            headers["tracestate"] = job.tracestate
+    return headers
 
 
 def _reason(exc: BaseException) -> str:

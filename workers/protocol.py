@@ -38,7 +38,7 @@ from queues.models import Queue
 from taskforge.api import revocation
 from taskforge.lib import jsonutil, pg, stopping
 from tasks import concurrency, transitions
-from tasks.buffer import HTTP_LANE, RUN_LANE, get_buffer, score
+from tasks.buffer import HTTP_LANE, RUN_LANE, KeyLimits, get_buffer, score
 from tasks.models import Task, TaskStatus, lease_ends_at
 from tasks.wakeup import waiters
 from workers import heartbeats, sql
@@ -204,17 +204,18 @@ def take(
         if queue.id in paused and not run:
             continue
         rate, cap = (None, None) if run else (queue.rate_limit, queue.max_concurrency)
+        limits = None if lane else key_limits(queue)
         rounds = 0
         while rounds < _POP_ROUNDS:
             want = max_tasks - len(handed)
             if want <= 0:
                 return handed, 0.0
-            taken = buffer.take(queue.id, want, rate, cap, lane=lane)
+            taken = buffer.take(queue.id, want, rate, cap, lane=lane, keys=limits)
             if taken.uncounted and concurrency.recount_for_claim(queue):
                 # Redis lost the queue's running count (or the cap is new):
                 # rebuilt from Postgres, take under it.  Another claim
                 # rebuilding it wakes this one when done.
-                taken = buffer.take(queue.id, want, rate, cap, lane=lane)
+                taken = buffer.take(queue.id, want, rate, cap, lane=lane, keys=limits)
             if taken.wait_ms:
                 hint = taken.wait_ms / 1000
                 retry_in = hint if not retry_in else min(retry_in, hint)
@@ -259,6 +260,13 @@ def take(
     return handed, retry_in
 
 
+def key_limits(queue: Queue) -> KeyLimits | None:
+    """The queue's fairness settings as the take applies them (None: none set)."""
+    if queue.key_max_concurrency is None and queue.key_rate_limit is None and not queue.key_weights:
+        return None
+    return KeyLimits(queue.key_max_concurrency, queue.key_rate_limit, queue.key_weights or None)
+
+
 def _lanes(queues: Sequence[Queue], *, push: bool) -> list[tuple[Queue, str]]:
     """The buffer lanes a pass reads: a claim, the pull queues' own; a push process,
     every queue's run lane first (RunTask's), the push queues' own and every queue's
@@ -283,10 +291,20 @@ def _release_connection() -> None:
 def _put_back(queue: Queue, ids: Sequence[str], lane: str = "") -> int:
     """Re-push popped ids that are still `claimed`; return how many."""
     try:
-        tasks = Task.objects.filter(pk__in=ids, status=Task.Status.CLAIMED).only(
-            "id", "priority", "scheduled_at"
+        tasks = list(
+            Task.objects.filter(pk__in=ids, status=Task.Status.CLAIMED).only(
+                "id", "priority", "scheduled_at", "fairness_key"
+            )
         )
         items = [(str(t.pk), score(t.priority, t.scheduled_at)) for t in tasks]
+        keyed = [
+            (str(t.pk), score(t.priority, t.scheduled_at), t.fairness_key)
+            for t in tasks
+            if t.fairness_key is not None and not lane
+        ]
+        if keyed:
+            get_buffer().push_keyed(queue.id, keyed)
+            items = [item for item, t in zip(items, tasks, strict=True) if t.fairness_key is None]
         get_buffer().push(queue.id, items, lane=lane)
     except Exception:
         logger.warning("claim.put_back_failed", extra={"queue": queue.name, "count": len(ids)})

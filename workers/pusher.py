@@ -43,7 +43,7 @@ from django.db import close_old_connections, connection
 
 from queues import push
 from queues.models import Queue
-from taskforge import metrics
+from taskforge import metrics, tracing
 from taskforge.conf import conf
 from taskforge.lib import jsonutil
 from taskforge.lib.loop import Loop, backoff
@@ -203,6 +203,19 @@ class Finisher:
     def record(self, outcomes: Sequence[Outcome]) -> None:
         """Write outcomes to Postgres: one ack statement, then each failure."""
         close_old_connections()
+        if tracing.ENABLED:
+            tracing.pushed(
+                tracing.Push(
+                    o.job.task_id,
+                    o.job.queue,
+                    o.job.traceparent,
+                    o.job.attempt,
+                    o.job.handed_ns,
+                    o.ended_ns,
+                    o.error,
+                )
+                for o in outcomes
+            )
         delivered = [o for o in outcomes if o.error is None]
         unacked: list[Outcome] = []
         if delivered:
@@ -380,6 +393,8 @@ class PushLoop(Loop):
 
 
 def _job(task: Task, target: push.PushTarget | None) -> Job:
+    traceparent, tracestate = tracing.push_context(task, task.tracestate)
+    handed_ns = tracing.now_ns()
     if task.http_request is not None:
         http = httptasks.request_of(task)
         return Job(
@@ -390,6 +405,9 @@ def _job(task: Task, target: push.PushTarget | None) -> Job:
             target=httptasks.target_of(http),
             http=http,
             dispatched_at=task.claimed_at,
+            traceparent=traceparent,
+            tracestate=tracestate,
+            handed_ns=handed_ns,
         )
     # Any other task take(push=True) hands out is a push queue's.
     assert target is not None
@@ -399,4 +417,7 @@ def _job(task: Task, target: push.PushTarget | None) -> Job:
         attempt=task.attempts,
         body=jsonutil.dumps(task.payload),
         target=target,
+        traceparent=traceparent,
+        tracestate=tracestate,
+        handed_ns=handed_ns,
     )

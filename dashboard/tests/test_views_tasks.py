@@ -287,3 +287,21 @@ def test_task_detail__a_push_tasks_attempts_show_status_body_and_time(staff_clie
     html = response.content.decode()
     assert 'id="push"' in html and 'id="heartbeats"' not in html
     assert "upstream down" in html and "42 ms" in html
+
+
+def test_tasks__fairness_key_filter_and_the_queue_top_keys(staff_client: Client) -> None:
+    q = QueueFactory(name="tenants")
+    for _ in range(3):
+        TaskFactory(queue=q, fairness_key="big")
+    TaskFactory(queue=q, fairness_key="small")
+    TaskFactory(queue=q, fairness_key="small", status=S.EXECUTING)
+    TaskFactory(queue=q)
+
+    filtered = staff_client.get(f"{D}/tasks/?queue=tenants&fairness_key=small")
+    assert len(_listed(filtered)) == 2
+    shown = [(k.key, k.pending, k.executing) for k in filtered.context["top_keys"]]
+    assert shown == [("big", 3, 0), ("small", 1, 1), (None, 1, 0)]
+    assert b'id="top-keys"' in filtered.content
+    # Without a queue: no keys panel; a NUL in the filter is refused, not a 5xx.
+    assert staff_client.get(f"{D}/tasks/?fairness_key=big").context["top_keys"] == []
+    assert staff_client.get(f"{D}/tasks/?fairness_key=a%00b").status_code in (200, 400)

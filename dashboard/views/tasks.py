@@ -31,12 +31,14 @@ from taskforge.lib.timeutil import isoformat
 from tasks import events as task_events
 from tasks import lifecycle
 from tasks import services as task_services
+from tasks import stats as task_stats
 from tasks.exceptions import InvalidTransition
 from tasks.models import Task, TaskEvent, TaskStatus, lease_timeout
 from workers import heartbeats
 
 S = TaskStatus
 EVENTS_SHOWN = 500
+TOP_KEYS = 10  # fairness keys shown on a queue's page
 
 
 # Task inspector --------------------------------------------------------------------
@@ -64,11 +66,15 @@ def tasks(request: HttpRequest) -> HttpResponse:
                         created_after=data["created_after"],
                         created_before=data["created_before"],
                         cursor=data["cursor"] or None,
+                        fairness_key=data["fairness_key"] or None,
                     )
                 )
             except queries.BadCursor:
                 form.add_error(None, "That page link is not valid any more; start from the top.")
     queues = {queue.pk: queue for queue in Queue.objects.all()}
+    # A queue's page: its fairness keys with the largest backlog.
+    chosen = form.cleaned_data.get("queue") if form.is_bound and form.is_valid() else None
+    top_keys = task_stats.top_keys(chosen, limit=TOP_KEYS) if chosen is not None else []
     rows = []
     now = timezone.now()
     for task in result.rows if result else []:
@@ -80,6 +86,8 @@ def tasks(request: HttpRequest) -> HttpResponse:
         {
             "form": form,
             "rows": rows,
+            "top_keys": top_keys,
+            "chosen_queue": chosen,
             **pager(request, result),
             "nav": "tasks",
         },

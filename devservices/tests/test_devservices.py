@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.service import Browser, free_port
 
@@ -45,6 +48,16 @@ CONNECT = textwrap.dedent(
     print("OK")
     """
 )
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short temporary directory: Redis's socket path must fit in 107 bytes, and pytest's
+    own tmp_path is longer in a test process of `make test` (popen-gwN): Redis then
+    listens on TCP, and its command line no longer names the directory the tests look for."""
+    path = Path(tempfile.mkdtemp(prefix="tf-ds-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:

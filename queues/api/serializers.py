@@ -6,11 +6,20 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from queues import push, retrypolicy
-from queues.models import MAX_CONCURRENCY_LIMIT, MAX_RETRIES_LIMIT, Queue, is_queue_name
+from queues.models import (
+    KEY_WEIGHT_MAX,
+    KEY_WEIGHTS_MAX_ENTRIES,
+    MAX_CONCURRENCY_LIMIT,
+    MAX_RETRIES_LIMIT,
+    Queue,
+    fairness_key_problem,
+    is_queue_name,
+)
 from taskforge.api.fields import (
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
+    StrictNumberField,
     StrictSerializer,
     TimeField,
 )
@@ -108,6 +117,40 @@ class RetryPolicyField(serializers.Field):  # type: ignore[type-arg]
         return value
 
 
+KEY_WEIGHTS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "maxProperties": KEY_WEIGHTS_MAX_ENTRIES,
+    "additionalProperties": {"type": "integer", "minimum": 1, "maximum": KEY_WEIGHT_MAX},
+    "description": f"Weights by fairness key (1..{KEY_WEIGHT_MAX}); a key not listed weighs 1. "
+    "A PATCH replaces the map as a whole.",
+}
+
+
+@extend_schema_field(KEY_WEIGHTS_SCHEMA)
+class KeyWeightsField(serializers.Field):  # type: ignore[type-arg]
+    """A queue's `key_weights`: {key: 1..100}, at most 1000 entries, never null."""
+
+    def to_internal_value(self, data: Any) -> dict[str, int]:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("Expected an object of fairness keys to weights.")
+        if len(data) > KEY_WEIGHTS_MAX_ENTRIES:
+            raise serializers.ValidationError(
+                f"At most {KEY_WEIGHTS_MAX_ENTRIES} keys may have a weight."
+            )
+        for key, weight in data.items():
+            problem = fairness_key_problem(key)
+            if problem is not None:
+                raise serializers.ValidationError(f"{key!r}: {problem}")
+            if isinstance(weight, bool) or not isinstance(weight, int):
+                raise serializers.ValidationError(f"{key!r}: a weight is an integer.")
+            if not 1 <= weight <= KEY_WEIGHT_MAX:
+                raise serializers.ValidationError(f"{key!r}: a weight is 1 to {KEY_WEIGHT_MAX}.")
+        return dict(data)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 # A rate far beyond any real downstream; keeps the token bucket's math small.
 MAX_RATE_LIMIT = 1_000_000
 
@@ -125,6 +168,8 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
     rate_limit = serializers.SerializerMethodField()
     max_retries = serializers.SerializerMethodField()
     retry_policy = RetryPolicyField(read_only=True)
+    key_weights = KeyWeightsField(read_only=True)
+    key_rate_limit = serializers.SerializerMethodField()
 
     class Meta:
         model = Queue
@@ -137,6 +182,9 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
             "push",
             "paused",
             "retry_policy",
+            "key_weights",
+            "key_max_concurrency",
+            "key_rate_limit",
             "created_at",
         ]
         read_only_fields = fields
@@ -147,6 +195,13 @@ class QueueSerializer(serializers.ModelSerializer[Queue]):
     def get_rate_limit(self, queue: Queue) -> float | int | None:
         """Tasks per second; a fraction when set over the Cloud Tasks API."""
         return rate_shown(queue.rate_limit)
+
+    @extend_schema_field(
+        {"type": "number", "nullable": True, "minimum": 0, "exclusiveMinimum": True}
+    )
+    def get_key_rate_limit(self, queue: Queue) -> float | int | None:
+        """Hand-outs per second per fairness key; null: none."""
+        return rate_shown(queue.key_rate_limit)
 
     @extend_schema_field({"type": "integer", "nullable": True, "minimum": 0, "maximum": 100})
     def get_max_retries(self, queue: Queue) -> int | None:
@@ -177,6 +232,26 @@ class QueuePatchSerializer(StrictSerializer):
     push = PushField(required=False)
     paused = StrictBooleanField(required=False)
     retry_policy = RetryPolicyField(required=False)
+    key_weights = KeyWeightsField(required=False)
+    key_max_concurrency = StrictIntegerField(
+        min_value=1,
+        max_value=MAX_CONCURRENCY_LIMIT,
+        allow_null=True,
+        required=False,
+        help_text="Tasks of one fairness key executing at once; null: no cap per key.",
+    )
+    key_rate_limit = StrictNumberField(
+        min_value=0,
+        max_value=MAX_RATE_LIMIT,
+        allow_null=True,
+        required=False,
+        help_text="Hand-outs per second per fairness key (> 0); null: no rate per key.",
+    )
+
+    def validate_key_rate_limit(self, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise serializers.ValidationError("Ensure this value is greater than 0.")
+        return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if "max_retries" in attrs:

@@ -121,11 +121,18 @@ def _copy_field(field: AnyField) -> AnyField:
 
 
 class QuerySerializer(serializers.Serializer[Any]):
-    """Query parameters: one given empty (`?status=`) is invalid, not absent."""
+    """Query parameters: one given empty (`?status=`) is invalid, not absent (but those
+    named in `empty_allowed`, where empty means something)."""
+
+    empty_allowed: tuple[str, ...] = ()
 
     def to_internal_value(self, data: Any) -> Any:
         # keys(): BindingDict iterates its names, but its stubs say it iterates fields.
-        empty = [name for name in self.fields.keys() if name in data and data.get(name) == ""]
+        empty = [
+            name
+            for name in self.fields.keys()
+            if name in data and data.get(name) == "" and name not in self.empty_allowed
+        ]
         if empty:
             raise serializers.ValidationError({name: ["May not be empty."] for name in empty})
         return super().to_internal_value(data)

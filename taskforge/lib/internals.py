@@ -110,6 +110,19 @@ Django: a foreign key's object set through its field's cache (cache_related)
     Guard: `instance.<fk>` then reads the object without a query, the id
     unchanged.
 
+opentelemetry-exporter-otlp-proto-http: sending bytes already encoded (otlp_export)
+    What: `OTLPSpanExporter._client.export(data)`, the exporter's private HTTP
+    client (endpoint, headers, compression, TLS and retries, all from the
+    OTEL_EXPORTER_OTLP_* variables), given an ExportTraceServiceRequest that
+    `taskforge.lib.otlp` wrote, instead of `export(spans)` with SDK spans.
+    Why: speed.  The SDK's route made a `ReadableSpan` per task and encoded it
+    through protobuf message objects; with three spans a task the batched path
+    ran at ~0.7x of tracing off (bench/run.py's `tracing` rows); written
+    by hand and sent here it stays within the target (>= 0.85x; the figures in
+    docs/operations.md, Performance).
+    Guard: the client exists with `export(bytes)`, and a receiver decodes what
+    it sent as the spans written (taskforge/tests/test_internals.py).
+
 Dropped: `logging._srcfile = None` (records skip the caller lookup).  It
 saved 1 us a record (8.11 against 7.16 us, JSON formatter included; 10.1
 against 8.9 in a second run); a request writes two or three records, so
@@ -353,3 +366,13 @@ def _row_layout(
         converters,
         extras,
     )
+
+
+# --- opentelemetry-exporter-otlp-proto-http: an encoded request sent ------------------
+
+
+def otlp_export(exporter: Any, data: bytes) -> bool:
+    """Send an ExportTraceServiceRequest's bytes with an OTLPSpanExporter's own client
+    (its endpoint, headers, compression, TLS and retries); True when it was taken."""
+    result = exporter._client.export(data)
+    return bool(result.success)

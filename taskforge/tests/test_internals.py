@@ -272,3 +272,50 @@ def test_cache_related_sets_what_the_descriptor_reads(
     with django_assert_num_queries(0):
         assert bare.queue is queue, FIX
     assert bare.queue_id == queue.pk, FIX
+
+
+# --- opentelemetry-exporter-otlp-proto-http -------------------------------------------
+
+
+def test_otlp_export_sends_what_taskforge_wrote_and_a_receiver_decodes_it() -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    from taskforge.lib import otlp
+    from tests.otlp import Receiver
+
+    trace_id, span_id, parent_id = bytes(range(1, 17)), bytes(range(17, 25)), b"\x09" * 8
+    head = otlp.Head.of("taskforge.ack", otlp.INTERNAL, {"messaging.system": "taskforge"})
+    task_id = "01a2520a-54c7-71c7-8a49-c9b36091f82f"
+    spans = [
+        otlp.span(
+            head,
+            trace_id,
+            span_id,
+            parent_id,
+            10**18,
+            10**18 + 5,
+            message_id=task_id,
+            attempt=3,
+            error="HTTP 500: é",
+        ),
+        otlp.span(head, trace_id, b"\x01" * 8, None, 7, 8, message_id="short", attempt=-1),
+    ]
+    data = otlp.request(
+        otlp.resource_of({"service.name": "svc", "n": 2, "b": True}), otlp.scope_of("taskforge"),
+        spans,
+    )  # fmt: skip
+    with Receiver() as receiver:
+        exporter = OTLPSpanExporter(endpoint=f"{receiver.endpoint}/v1/traces")
+        assert internals.otlp_export(exporter, data), FIX
+        exporter.shutdown()  # type: ignore[no-untyped-call]
+    first, second = receiver.spans
+    assert (first.name, first.trace_id, first.span_id, first.parent_id) == (
+        "taskforge.ack", trace_id.hex(), span_id.hex(), parent_id.hex()
+    ), FIX  # fmt: skip
+    assert (first.kind, first.status, first.service) == ("internal", "error", "svc"), FIX
+    assert (first.start_ns, first.end_ns) == (10**18, 10**18 + 5), FIX
+    assert first.attributes == {
+        "messaging.system": "taskforge", "messaging.message.id": task_id, "taskforge.attempt": 3
+    }, FIX  # fmt: skip
+    assert second.parent_id is None and second.attributes["taskforge.attempt"] == -1, FIX
+    assert second.attributes["messaging.message.id"] == "short", FIX

@@ -4,13 +4,14 @@ from typing import Any
 
 from rest_framework import serializers
 
-from queues.models import MAX_RETRIES_LIMIT
+from queues.models import FAIRNESS_KEY_MAX_LENGTH, MAX_RETRIES_LIMIT
 from taskforge.api import bodies
 from taskforge.api.exceptions import PayloadTooLarge
 from taskforge.api.fields import AnyJSONField, QuerySerializer, TimeField
 from taskforge.conf import conf
 from taskforge.lib import jsonutil
 from taskforge.lib.timeutil import isoformat
+from taskforge.tracing import context_of
 from tasks.models import Task, TaskEvent, TaskStatus
 from tasks.services import Enqueued, TaskSpec
 
@@ -59,6 +60,7 @@ def task_to_dict(task: Task) -> dict[str, Any]:
         # A task of the Cloud Tasks API (API-cloudtasks.md "Native view"); null otherwise.
         "name": task.name,
         "http_request": task.http_request,
+        "fairness_key": task.fairness_key,
     }
 
 
@@ -106,6 +108,10 @@ class TaskSerializer(serializers.Serializer[Any]):
         '(base64 or null), "oidc_token", "dispatch_deadline_seconds"}; null for a native task.',
     )
 
+    fairness_key = serializers.CharField(
+        allow_null=True, help_text="The task's fairness key; null for the anonymous key."
+    )
+
     def to_representation(self, instance: Task) -> dict[str, Any]:
         return task_to_dict(instance)
 
@@ -145,28 +151,72 @@ ENQUEUE = bodies.Obj(
         "delay_seconds": bodies.Number(min_value=0, max_value=MAX_DELAY_SECONDS, required=False),
         "idempotency_key": bodies.Str(min_length=1, max_length=200, required=False),
         "max_retries": bodies.Int(min_value=0, max_value=MAX_RETRIES_LIMIT, required=False),
+        "fairness_key": bodies.Str(
+            min_length=1,
+            max_length=FAIRNESS_KEY_MAX_LENGTH,
+            as_sent=True,
+            required=False,
+            help_text="The task's fairness key (a tenant, a customer); none: the anonymous key.",
+        ),
+    },
+    check=_one_schedule,
+)
+# A batch's item: the enqueue body, and its own trace context (API.md "Tracing
+# (v1.2)"; docs/api-notes.md), which wins over the request's headers: one batch
+# may carry the tasks of many traces (the SDK's batcher).  Any value is taken and
+# one that is not a valid traceparent ignored, as a header's is: never a 400.
+ENQUEUE_ITEM = bodies.Obj(
+    "EnqueueBatchItemSerializer",
+    {
+        **ENQUEUE.fields,
+        "traceparent": bodies.AnyJSON(
+            required=False,
+            allow_null=True,
+            help_text="W3C traceparent of this task; a malformed one is ignored.",
+        ),
+        "tracestate": bodies.AnyJSON(
+            required=False,
+            allow_null=True,
+            help_text="W3C tracestate, kept with a valid traceparent.",
+        ),
     },
     check=_one_schedule,
 )
 ENQUEUE_BATCH = bodies.Obj(
     "EnqueueBatchSerializer",
-    {"tasks": bodies.ListOf(ENQUEUE, min_length=1, max_length=MAX_BATCH, length_first=True)},
+    {"tasks": bodies.ListOf(ENQUEUE_ITEM, min_length=1, max_length=MAX_BATCH, length_first=True)},
 )
 # For the OpenAPI document only: the rules above validate.
 EnqueueSerializer = ENQUEUE.serializer()
 EnqueueBatchSerializer = ENQUEUE_BATCH.serializer()
 
 
-def to_spec(attrs: dict[str, Any]) -> TaskSpec:
-    """One validated enqueue body as the service takes it."""
-    return TaskSpec(**attrs)
+def to_spec(attrs: dict[str, Any], trace: tuple[str | None, str | None] = (None, None)) -> TaskSpec:
+    """One validated enqueue body as the service takes it, with the trace context of
+    its request's headers (`taskforge.tracing.from_headers`) unless it has its own."""
+    if "traceparent" in attrs or "tracestate" in attrs:
+        attrs = dict(attrs)
+        trace = context_of(attrs.pop("traceparent", None), attrs.pop("tracestate", None))
+    return TaskSpec(**attrs, traceparent=trace[0], tracestate=trace[1])
 
 
 class TaskListQuerySerializer(QuerySerializer):
     """Query parameters of GET /queues/:name/tasks (all optional)."""
+
+    empty_allowed = ("fairness_key",)
 
     status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
     # A worker id as sent: `claimed_by=%20w1` finds no task of "w1".
     claimed_by = serializers.CharField(max_length=200, trim_whitespace=False, required=False)
     created_after = TimeField(required=False)
     created_before = TimeField(required=False)
+    # A fairness key as sent; empty: the tasks without one.
+    fairness_key = serializers.CharField(
+        max_length=200, trim_whitespace=False, allow_blank=True, required=False
+    )
+
+
+class KeysQuerySerializer(QuerySerializer):
+    """Query parameters of GET /queues/:name/keys (all optional)."""
+
+    min_pending = serializers.IntegerField(min_value=0, required=False)

@@ -8,12 +8,14 @@ from typing import Any
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from queues.api.lookup import QueueLookupMixin, queue_named
 from queues.models import Queue
+from taskforge import tracing
 from taskforge.api.hot import Answer, HotView
 from taskforge.api.middleware import SINGLE_TASK
 from taskforge.api.models import ApiKey
@@ -22,12 +24,13 @@ from taskforge.api.permissions import PRODUCER
 from taskforge.api.schema import BAD_QUERY, BODY_ERRORS, NOT_FOUND, error, errors, page_of
 from taskforge.audit.log import of_request
 from taskforge.lib import pg
-from tasks import events, services
+from tasks import events, services, stats
 from tasks.api.serializers import (
     ENQUEUE,
     ENQUEUE_BATCH,
     EnqueueBatchSerializer,
     EnqueueSerializer,
+    KeysQuerySerializer,
     TaskEventSerializer,
     TaskListQuerySerializer,
     TaskSerializer,
@@ -43,10 +46,23 @@ LIST_PARAMS = [
     OpenApiParameter("claimed_by", str),
     OpenApiParameter("created_after", str, description="ISO 8601 time, exclusive"),
     OpenApiParameter("created_before", str, description="ISO 8601 time, exclusive"),
+    OpenApiParameter(
+        "fairness_key", str, description="Tasks of this fairness key; empty: tasks without one"
+    ),
     OpenApiParameter("limit", int, description="1..500, default 100"),
     OpenApiParameter("cursor", str, description="From the previous page's `next`"),
 ]
 PAGE_PARAMS = LIST_PARAMS[-2:]
+# W3C Trace Context of an enqueue (API.md "Tracing (v1.2)"): kept on each task created.
+TRACE_HEADERS = [
+    OpenApiParameter(
+        "traceparent",
+        str,
+        OpenApiParameter.HEADER,
+        description="W3C traceparent; a malformed one is ignored with its tracestate.",
+    ),
+    OpenApiParameter("tracestate", str, OpenApiParameter.HEADER, description="W3C tracestate."),
+]
 
 
 def parse_task_id(raw: str) -> uuid.UUID:
@@ -97,6 +113,12 @@ class TaskListView(EnqueueView):
         ]:
             if key in query.validated_data:
                 filters[lookup] = query.validated_data[key]
+        if "fairness_key" in query.validated_data:
+            fairness_key = query.validated_data["fairness_key"]
+            if fairness_key == "":
+                filters["fairness_key__isnull"] = True
+            else:
+                filters["fairness_key"] = fairness_key
         paginator = KeysetPaginator(request, ordering=["-created_at", "-id"])
 
         def render(page: list[Task]) -> list[dict[str, Any]]:
@@ -109,6 +131,7 @@ class TaskListView(EnqueueView):
 
     @extend_schema(
         operation_id="tasks_enqueue",
+        parameters=TRACE_HEADERS,
         request=EnqueueSerializer,
         responses={
             201: TaskSerializer,
@@ -126,7 +149,8 @@ class TaskListView(EnqueueView):
 
     @staticmethod
     def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
-        [result] = services.enqueue(context["queue"], [to_spec(data)])
+        trace = tracing.from_headers(request.META)
+        [result] = services.enqueue(context["queue"], [to_spec(data, trace)])
         return (
             enqueued_to_dict(result),
             status.HTTP_201_CREATED if result.created else status.HTTP_200_OK,
@@ -139,6 +163,7 @@ class TaskBatchView(EnqueueView):
 
     @extend_schema(
         operation_id="tasks_enqueue_batch",
+        parameters=TRACE_HEADERS,
         request=EnqueueBatchSerializer,
         responses={
             201: inline_serializer("TaskBatchResult", {"results": TaskSerializer(many=True)}),
@@ -157,7 +182,10 @@ class TaskBatchView(EnqueueView):
 
     @staticmethod
     def handle(request: HttpRequest, key: ApiKey, data: dict[str, Any], **context: Any) -> Answer:
-        results = services.enqueue(context["queue"], [to_spec(item) for item in data["tasks"]])
+        trace = tracing.from_headers(request.META)
+        results = services.enqueue(
+            context["queue"], [to_spec(item, trace) for item in data["tasks"]]
+        )
         created = any(result.created for result in results)
         return (
             {"results": [enqueued_to_dict(result) for result in results]},
@@ -229,6 +257,9 @@ class QueueStatsSerializer(serializers.Serializer[Any]):
     throughput_per_second = serializers.FloatField()
     error_rate = serializers.FloatField()
     oldest_pending_age_seconds = serializers.FloatField(allow_null=True)
+    keys = serializers.IntegerField(
+        help_text="Fairness keys with live tasks, the anonymous key included."
+    )
 
 
 class QueueStatsView(QueueLookupMixin, APIView):
@@ -241,3 +272,48 @@ class QueueStatsView(QueueLookupMixin, APIView):
     )
     def get(self, request: Request, name: str) -> Response:
         return Response(queue_stats(self.get_queue()))
+
+
+class QueueKeySerializer(serializers.Serializer[Any]):
+    key = serializers.CharField(allow_null=True, help_text="null: the anonymous key")
+    pending = serializers.IntegerField(help_text="Due pending and claimed tasks")
+    executing = serializers.IntegerField()
+    retry = serializers.IntegerField()
+    oldest_pending_age_seconds = serializers.FloatField(allow_null=True)
+
+
+class QueueKeysView(QueueLookupMixin, APIView):
+    roles = {"GET": PRODUCER}
+
+    @extend_schema(
+        operation_id="queues_keys",
+        parameters=[
+            OpenApiParameter("min_pending", int, description="Keys with at least this pending"),
+            *PAGE_PARAMS,
+        ],
+        responses={
+            200: page_of(QueueKeySerializer, "QueueKeyPage"),
+            **errors(NOT_FOUND, BAD_QUERY),
+        },
+        tags=["queues"],
+    )
+    def get(self, request: Request, name: str) -> Response:
+        queue = self.get_queue()
+        query = KeysQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        # A cursor is [0, ""] after the anonymous key, [1, key] after a named one.
+        paginator = KeysetPaginator(request, ordering=["named", "key"])
+        after = paginator.after
+        if after is not None and not (after[0] in (0, 1) and isinstance(after[1], str)):
+            raise ValidationError({"cursor": ["Not a cursor this list gave out."]})
+        rows = stats.queue_keys(
+            queue,
+            after=(False, None) if after is None else (True, after[1] if after[0] else None),
+            min_pending=query.validated_data.get("min_pending", 0),
+            limit=paginator.limit + 1,
+        )
+        return paginator.answer_rows(
+            rows,
+            lambda row: [0, ""] if row.key is None else [1, row.key],
+            lambda page: [row.as_dict() for row in page],
+        )

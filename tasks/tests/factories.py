@@ -96,7 +96,13 @@ class TaskFactory(factory.django.DjangoModelFactory):
         if buffered and kwargs["scheduled_at"] > now:
             raise ValueError(f"A task due later cannot be {status} yet.")
         with transaction.atomic():
-            [task] = transitions.create([transitions.NewTask(**kwargs)], now=now, buffer=buffered)
+            key = kwargs.get("fairness_key")
+            [task] = transitions.create(
+                [transitions.NewTask(**kwargs)],
+                now=now,
+                buffer=buffered,
+                buffer_keys={key} if buffered and key is not None else (),
+            )
         return walk(task, status, worker_id=worker_id)
 
 

@@ -28,6 +28,9 @@ def test_create__defaults(admin_client: APIClient) -> None:
         "push",
         "paused",
         "retry_policy",
+        "key_weights",
+        "key_max_concurrency",
+        "key_rate_limit",
         "created_at",
     }
     assert (
@@ -38,7 +41,10 @@ def test_create__defaults(admin_client: APIClient) -> None:
         body["push"],
         body["paused"],
         body["retry_policy"],
-    ) == ("emails", 3, None, None, None, False, None)
+        body["key_weights"],
+        body["key_max_concurrency"],
+        body["key_rate_limit"],
+    ) == ("emails", 3, None, None, None, False, None, {}, None, None)
     assert body["created_at"].endswith("Z")
 
 

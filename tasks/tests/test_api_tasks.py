@@ -25,7 +25,7 @@ S = TaskStatus
 TASK_FIELDS = {
     "id", "queue", "payload", "status", "priority", "scheduled_at", "claimed_at", "claimed_by",
     "heartbeat_at", "attempts", "max_retries", "last_error", "result", "idempotency_key",
-    "created_at", "updated_at", "finished_at", "name", "http_request",
+    "created_at", "updated_at", "finished_at", "name", "http_request", "fairness_key",
 }  # fmt: skip
 
 

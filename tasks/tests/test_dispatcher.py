@@ -197,24 +197,87 @@ def test_wait__a_burst_of_notifies_is_gathered_into_one_pass(
 ) -> None:
     """Every enqueue into a queue with a backlog NOTIFYs; while they come in a burst, one
     wake-up serves those of the next moment too. A lone NOTIFY is served at once."""
-    monkeypatch.setattr(dispatcher, "GATHER_SECONDS", 0.5)
+    # Whether the last wake-up was recent is the test's choice, not the clock's: "recent"
+    # is the whole test long (a loaded machine took more than 50 ms to connect and send).
+    monkeypatch.setattr(dispatcher, "BURST_SECONDS", 60.0 if burst else 0.0)
+    monkeypatch.setattr(dispatcher, "GATHER_SECONDS", 2.0)
     loop = DispatcherLoop()
     loop._next_full_pass = time.monotonic() + 60
     loop.wait(0.01)  # LISTEN before anything is sent
     loop._last_wake = time.monotonic() if burst else 0.0
+    # A connection of its own in autocommit: each NOTIFY is sent at once.
+    conn = pg.connect_own(autocommit=True)
 
     def send() -> None:
-        # A connection of its own in autocommit: each NOTIFY is sent at once.
-        with pg.connect_own(autocommit=True) as conn:
-            conn.execute("SELECT pg_notify(%s, 'q1')", [DISPATCH_CHANNEL])
-            # Inside the gathering window, or well after a lone wake-up was served
-            # (a loaded machine may take more than 0.1 s to serve it).
-            time.sleep(0.1 if burst else 1.5)
-            conn.execute("SELECT pg_notify(%s, 'q2')", [DISPATCH_CHANNEL])
+        conn.execute("SELECT pg_notify(%s, 'q1')", [DISPATCH_CHANNEL])
+        # Inside the gathering window, or well after a lone wake-up was served.
+        time.sleep(0.1 if burst else 1.5)
+        conn.execute("SELECT pg_notify(%s, 'q2')", [DISPATCH_CHANNEL])
 
     sender = threading.Thread(target=send)
-    sender.start()
-    loop.wait(5.0)
-    sender.join()
+    try:
+        sender.start()
+        loop.wait(5.0)
+        sender.join()
+    finally:
+        conn.close()
     assert loop._woken == expected
     loop._listener.reset()
+
+
+def test_dispatch_keys__refills_each_key_to_its_bound_in_key_order(
+    settings, django_capture_on_commit_callbacks
+) -> None:
+    settings.TASKFORGE_BUFFER_SIZE = 5
+    queue = QueueFactory()
+    with django_capture_on_commit_callbacks(execute=True):
+        services.enqueue(queue, [TaskSpec(payload=n, fairness_key="A") for n in range(12)])
+        services.enqueue(queue, [TaskSpec(payload=n, fairness_key="B") for n in range(3)])
+        later = timezone.now() + timedelta(hours=1)
+        services.enqueue(queue, [TaskSpec(payload=0, fairness_key="C", scheduled_at=later)])
+    loop = DispatcherLoop()
+    assert loop.dispatch_keys(queue) is dispatcher.FULL  # A's backlog waits for room
+    buffer = get_buffer()
+    assert buffer.key_sizes(queue.id, ["A", "B", "C"]) == [5, 3, 0]
+    taken = buffer.take(queue.id, 6, None)
+    assert len(taken.ids) == 6
+    loop.dispatch_keys(queue)
+    assert buffer.key_sizes(queue.id, ["A", "B", "C"])[0] == 5
+    a_tasks = Task.objects.filter(queue=queue, fairness_key="A").order_by("id")
+    order = [str(t.pk) for t in a_tasks]
+    handed = [i for i in taken.ids if i in order]
+    assert handed == order[: len(handed)]  # the v1 order within the key
+
+
+def test_dispatch_keys__keys_with_only_later_tasks_do_not_spin(monkeypatch) -> None:
+    monkeypatch.setattr(dispatcher, "KEYS_PER_PASS", 2)
+    queue = QueueFactory()
+    later = timezone.now() + timedelta(hours=1)
+    services.enqueue(
+        queue, [TaskSpec(payload=0, fairness_key=f"k{n}", scheduled_at=later) for n in range(5)]
+    )
+    loop = DispatcherLoop()
+    outcomes = [loop.dispatch_keys(queue) for _ in range(4)]
+    assert dispatcher.MORE not in outcomes[:2]  # nothing moved: no pass again at once
+
+
+def test_restore_key_rates__a_lost_bucket_comes_back_from_postgres(
+    django_capture_on_commit_callbacks,
+) -> None:
+    """After Redis lost a queue's keys, each key's bucket holds what its recent
+    hand-outs left (key_rate_limit 2: burst 2, refilled in 1 s), not a new burst."""
+    from tasks.fair_buffer import KeyLimits
+    from tasks.reconcile import restore_key_rates
+
+    queue = QueueFactory(key_rate_limit=2)
+    for _ in range(2):
+        TaskFactory(queue=queue, fairness_key="A", status=S.EXECUTING)  # handed out now
+    TaskFactory(queue=queue, fairness_key="B", status=S.EXECUTING)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.enqueue(
+            queue, [TaskSpec(payload=n, fairness_key=k) for k in ("A", "B") for n in range(3)]
+        )
+    assert restore_key_rates([queue]) == 2
+    taken = get_buffer().take(queue.id, 10, None, keys=KeyLimits(rate_limit=2))
+    keys = sorted(str(Task.objects.get(pk=i).fairness_key) for i in taken.ids)
+    assert keys == ["B"]  # A spent its burst before the loss; B has one token left

@@ -84,6 +84,17 @@ AckBatchSerializer = ACK_BATCH.serializer()
 
 class ClaimedTaskSerializer(TaskSerializer):
     lease_expires_at = TimeField()
+    # In a claim's answer always (null without a valid traceparent at enqueue).
+    traceparent = serializers.CharField(
+        allow_null=True,
+        required=False,
+        help_text="The enqueue's W3C traceparent (a claim's answer); null without a valid one.",
+    )
+    tracestate = serializers.CharField(
+        allow_null=True,
+        required=False,
+        help_text="The enqueue's W3C tracestate, kept with its traceparent.",
+    )
 
 
 class ClaimResultSerializer(serializers.Serializer[Any]):

@@ -48,8 +48,12 @@ LEASE_LOST = {409: error("`lease_lost`: the worker does not hold this task's lea
 
 
 def claimed_task(task: Task) -> dict[str, Any]:
+    """A task as a claim hands it out: with its lease's end and the enqueue's trace
+    context (API.md "Tracing (v1.2)": null without a valid traceparent)."""
     body = task_to_dict(task)
     body["lease_expires_at"] = isoformat(task.lease_expires_at)
+    body["traceparent"] = task.traceparent
+    body["tracestate"] = task.tracestate
     return body
 
 

@@ -1,5 +1,6 @@
 """`manage.py createqueue NAME [--max-retries N] [--rate-limit R] [--max-concurrency C]
-[--push-url URL [--push-timeout S] [--push-header NAME:VALUE ...]] [--paused]`."""
+[--push-url URL [--push-timeout S] [--push-header NAME:VALUE ...]]
+[--key-weight KEY=WEIGHT ...] [--key-max-concurrency C] [--key-rate-limit R] [--paused]`."""
 
 from __future__ import annotations
 
@@ -50,6 +51,25 @@ class Command(BaseCommand):
             metavar="NAME:VALUE",
             help="A header to send with each push request (repeatable); needs --push-url.",
         )
+        parser.add_argument(
+            "--key-weight",
+            action="append",
+            default=[],
+            metavar="KEY=WEIGHT",
+            help="A fairness key's weight, 1..100 (repeatable); a key not listed weighs 1.",
+        )
+        parser.add_argument(
+            "--key-max-concurrency",
+            type=int,
+            default=None,
+            help="Tasks of one fairness key executing at once (1..100000); omit for no cap.",
+        )
+        parser.add_argument(
+            "--key-rate-limit",
+            type=float,
+            default=None,
+            help="Hand-outs per second per fairness key (> 0); omit for no rate.",
+        )
         parser.add_argument("--paused", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -60,6 +80,11 @@ class Command(BaseCommand):
             body["rate_limit"] = options["rate_limit"]
         if options["max_concurrency"] is not None:
             body["max_concurrency"] = options["max_concurrency"]
+        for name in ("key_max_concurrency", "key_rate_limit"):
+            if options[name] is not None:
+                body[name] = options[name]
+        if options["key_weight"]:
+            body["key_weights"] = self._weights(options["key_weight"])
         push = self._push(options)
         if push is not None:
             body["push"] = push
@@ -75,6 +100,19 @@ class Command(BaseCommand):
         except TaskForgeError as exc:
             raise CommandError(exc.message) from exc
         self.stdout.write(json.dumps(QueueSerializer(queue, context={"reveal_push": True}).data))
+
+    def _weights(self, items: list[str]) -> dict[str, Any]:
+        """The --key-weight KEY=WEIGHT options as the `key_weights` object."""
+        weights: dict[str, Any] = {}
+        for item in items:
+            key, sep, weight = item.rpartition("=")
+            if not sep:
+                raise CommandError(f"key_weights: {item!r} is not KEY=WEIGHT.")
+            try:
+                weights[key] = int(weight)
+            except ValueError:
+                weights[key] = weight  # the serializer says why it is refused
+        return weights
 
     def _push(self, options: dict[str, Any]) -> dict[str, Any] | None:
         """The `push` object of the --push-* options (validated with the rest of the body)."""
