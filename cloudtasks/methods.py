@@ -182,7 +182,8 @@ def create_task(call: Call) -> dict[str, Any]:
     if "task" not in body:
         raise errors.invalid("task", "task is required.")
     spec = taskbody.read(body["task"], now=timezone.now(), queue_path=call.queue_path)
-    task = services.create_task(call.queue(), spec, trace=call.trace)
+    assert call.queue_id is not None
+    task = services.create_task(call.queue_id, spec, trace=call.trace)
     return ct_tasks.shown(task, call.queue_path, view=view, out=call.out)
 
 

@@ -35,15 +35,31 @@ VISIBLE = lifecycle.IN_PROGRESS
 
 
 def create_task(
-    queue: Queue, body: TaskBody, *, trace: tuple[str | None, str | None] = (None, None)
+    queue_name: str, body: TaskBody, *, trace: tuple[str | None, str | None] = (None, None)
 ) -> Task:
-    """Store a task with an HTTP target as `pending`; a named one takes its name.
+    """Store a task with an HTTP target as `pending` in the queue of that name; a named
+    one takes its name.
+
+    The queue's row comes from this process's memory (`queues.lookup`), as the
+    native enqueue's does: a row remembered from before the queue was deleted
+    fails the insert's foreign key, and the queue is then read afresh once (it
+    may have been made again under its name).
 
     `trace`: the W3C Trace Context of the request (API.md "Tracing (v1.2)").
 
     Raises:
-        RpcError: ALREADY_EXISTS (name taken or used recently), NOT_FOUND (queue gone).
+        RpcError: ALREADY_EXISTS (name taken or used recently), NOT_FOUND (no such queue).
     """
+    for fresh in (False, True):
+        queue = queue_named(queue_name, fresh=fresh)
+        try:
+            return _create_task(queue, body, trace)
+        except IntegrityError:
+            lookup.forget(queue)
+    raise errors.not_found("Queue does not exist.")
+
+
+def _create_task(queue: Queue, body: TaskBody, trace: tuple[str | None, str | None]) -> Task:
     new = transitions.NewTask(
         queue=queue,
         payload=None,
@@ -56,18 +72,18 @@ def create_task(
         traceparent=trace[0],
         tracestate=trace[1],
     )
+    if body.task_id is None:
+        # One INSERT statement: atomic by itself, no transaction to open.
+        [task] = transitions.create([new])
+        return task
     try:
         with transaction.atomic():
             [task] = transitions.create([new])
-            if body.task_id is not None:
-                names.take(queue, body.task_id, task.pk, now=timezone.now())
+            names.take(queue, body.task_id, task.pk, now=timezone.now())
     except NameUsedRecently as exc:
         raise errors.already_exists(exc.message) from exc
     except NameTaken as exc:
         raise errors.already_exists(exc.message) from exc
-    except IntegrityError as exc:
-        lookup.forget(queue)
-        raise errors.not_found("Queue does not exist.") from exc
     return task
 
 
@@ -205,9 +221,11 @@ def _forget_buffer(queue_id: Any) -> None:
         logger.warning("queue.buffer_not_forgotten", extra={"queue_id": str(queue_id)})
 
 
-def queue_named(name: str) -> Queue:
-    """Raises: RpcError NOT_FOUND."""
-    queue = lookup.by_name(name, fresh=True)
+def queue_named(name: str, *, fresh: bool = True) -> Queue:
+    """The queue of that name (`fresh` False: as remembered by `queues.lookup`).
+
+    Raises: RpcError NOT_FOUND."""
+    queue = lookup.by_name(name, fresh=fresh)
     if queue is None:
         raise errors.not_found("Queue does not exist.")
     return queue

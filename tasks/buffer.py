@@ -404,11 +404,11 @@ class Buffer(KeyedBuffer):
         scores = self.client.zmscore(ready_key(queue_id, lane), list(task_ids))
         return [value is not None for value in scores]
 
-    def pop_all(self, queue_id: uuid.UUID | str, limit: int = 100_000) -> list[str]:
-        """Empty the queue's own lane, every fairness key's included (a paused queue)."""
-        popped = self.client.zpopmin(ready_key(queue_id), limit)
+    def pop_all(self, queue_id: uuid.UUID | str, *, lane: str = "") -> list[str]:
+        """Empty a lane of a (paused) queue: its own with every fairness key's, or `lane`."""
+        popped = self.client.zpopmin(ready_key(queue_id, lane), 100_000)
         ids = [text(member) for member, _ in cast(_Scored, popped)]
-        return ids + self.drain_keyed(queue_id)
+        return ids if lane else ids + self.drain_keyed(queue_id)
 
     def worst_score(self, queue_id: uuid.UUID | str) -> int | None:
         """Score of the least urgent buffered task, or None when empty."""

@@ -225,8 +225,10 @@ class DispatcherLoop(Loop):
         return FULL if backlog else IDLE
 
     def drain(self, queue: Queue) -> None:
-        """Take a paused queue's buffered tasks back to `pending`."""
-        ids = get_buffer().pop_all(queue.id)
+        """Take a paused queue's buffered tasks back to `pending`, its push lane's too
+        (push processes would otherwise pop them on every pass, only to put them back)."""
+        buffer = get_buffer()
+        ids = buffer.pop_all(queue.id) + buffer.pop_all(queue.id, lane=HTTP_LANE)
         if ids:
             self._unbuffer(queue, ids)
 

@@ -21,7 +21,7 @@ from django.utils import timezone
 from queues.models import Queue
 from taskforge.lib import pg
 from tasks import sql
-from tasks.buffer import HTTP_LANE, get_buffer, score
+from tasks.buffer import HTTP_LANE, RUN_LANE, get_buffer, score
 from tasks.models import Task, TaskStatus
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,12 @@ def rebuffer_missing(
                 restored += buffer.push_keyed(queue_key, lost)
                 woken.add(queue_key)
         for (queue_key, lane), items in by_queue.items():
-            present = buffer.present(queue_key, [task_id for task_id, _ in items], lane=lane)
+            ids = [task_id for task_id, _ in items]
+            present = buffer.present(queue_key, ids, lane=lane)
+            if lane == HTTP_LANE:
+                # A RunTask's task waits in the run lane instead.
+                ran = buffer.present(queue_key, ids, lane=RUN_LANE)
+                present = [a or b for a, b in zip(present, ran, strict=True)]
             missing = [item for item, here in zip(items, present, strict=True) if not here]
             if missing:
                 # A claim may have popped some of them and be committing its

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 from multidict import CIMultiDict
@@ -25,6 +25,9 @@ from queues import push
 from taskforge.lib import jsonutil
 from tasks.models import Task
 from workers import oidc, sql
+
+if TYPE_CHECKING:
+    from workers.delivery import Outcome
 
 USER_AGENT = "Google-Cloud-Tasks"
 
@@ -170,6 +173,27 @@ def record(attempts: Sequence[Attempt], *, now: datetime) -> None:
         cursor.execute(
             sql.RECORD_HTTP_ATTEMPTS, [list(column) for column in zip(*rows, strict=True)]
         )
+
+
+def record_outcomes(outcomes: Sequence[Outcome]) -> None:
+    """`record` the attempts of tasks with an HTTP target among these outcomes."""
+    now = datetime.now(UTC)
+    record(
+        [
+            Attempt(
+                o.job.task_id,
+                o.job.attempt,
+                o.job.dispatched_at or now,
+                o.job.http.eta,
+                o.status,
+                o.kind,
+                o.error or "OK",
+            )
+            for o in outcomes
+            if o.job.http is not None
+        ],
+        now=now,
+    )
 
 
 def _time(moment: datetime) -> str:

@@ -37,7 +37,6 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 import aiohttp
 from django.db import close_old_connections, connection
@@ -217,25 +216,8 @@ class Finisher:
                 )
                 for o in outcomes
             )
-        # What each attempt of a task with an HTTP target got, before its outcome
-        # frees the task for its next attempt (whose headers read it).
-        httptasks.record(
-            [
-                httptasks.Attempt(
-                    o.job.task_id,
-                    o.job.attempt,
-                    o.job.dispatched_at or datetime.now(UTC),
-                    o.job.http.eta,
-                    o.status,
-                    o.kind,
-                    o.error or "OK",
-                )
-                for o in outcomes
-                if o.job.http is not None
-            ],
-            now=datetime.now(UTC),
-        )
         delivered = [o for o in outcomes if o.error is None]
+        unacked: list[Outcome] = []
         if delivered:
             acked = transitions.ack(
                 [(o.job.task_id, o.job.attempt, o.result) for o in delivered],
@@ -243,9 +225,14 @@ class Finisher:
                 brief=True,
             )
             ids = {str(task.pk) for task in acked}
-            for o in delivered:
-                if o.job.task_id not in ids:
-                    _dropped(o)
+            unacked = [o for o in delivered if o.job.task_id not in ids]
+        # What each attempt of a task with an HTTP target got, before its outcome
+        # frees the task for its next attempt (whose headers read it): a failed
+        # one's, and a delivered one's whose lease was lost (the task is retried).
+        # An acked task is done: nothing reads it again.
+        httptasks.record_outcomes([o for o in outcomes if o.error is not None] + unacked)
+        for o in unacked:
+            _dropped(o)
         for o in outcomes:
             if o.error is None:
                 continue

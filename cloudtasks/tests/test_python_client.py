@@ -198,3 +198,26 @@ def test_errors__roles_and_statuses(server: Service, keys: dict[str, str]) -> No
     assert details[0]["fieldViolations"][0]["field"] == "queue.name"
     with pytest.raises(gexc.MethodNotImplemented):
         client(server, keys["admin"]).get_iam_policy(resource=f"{PARENT}/queues/x")
+
+
+def test_tasks__create_in_a_queue_made_again_or_deleted(
+    server: Service, keys: dict[str, str]
+) -> None:
+    """CreateTask reads the queue as its API process remembers it (for up to a
+    second): a queue made again elsewhere under its name takes the task, and one
+    deleted elsewhere answers NOT_FOUND."""
+    admin = client(server, keys["admin"])
+    producer = client(server, keys["producer"])
+    queue = f"{PARENT}/queues/again"
+    admin.create_queue(parent=PARENT, queue=tasks_v2.Queue(name=queue))
+    admin.pause_queue(name=queue)
+    task = tasks_v2.Task(http_request=tasks_v2.HttpRequest(url="https://example.com/"))
+    producer.create_task(parent=queue, task=task)  # the API process remembers the queue
+    # Deleted and made again by another process (this one: the API process is not told).
+    Queue.objects.filter(name="again").delete()
+    made = Queue.objects.create(name="again", paused=True)
+    producer.create_task(parent=queue, task=task)
+    assert Task.objects.filter(queue=made).count() == 1
+    Queue.objects.filter(name="again").delete()
+    with pytest.raises(gexc.NotFound):
+        producer.create_task(parent=queue, task=task)

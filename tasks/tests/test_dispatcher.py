@@ -6,13 +6,14 @@ from datetime import timedelta
 
 import pytest
 import redis
+from django.db import transaction
 from django.utils import timezone
 
 from queues.notify import DISPATCH_CHANNEL
 from queues.tests.factories import QueueFactory
 from taskforge.lib import pg
 from tasks import buffer as buffer_module
-from tasks import dispatcher, services
+from tasks import dispatcher, services, transitions
 from tasks.buffer import get_buffer
 from tasks.dispatcher import DispatcherLoop
 from tasks.models import Task, TaskStatus
@@ -60,6 +61,36 @@ def test_tick__skips_paused_queues_and_drains_their_buffer() -> None:
     DispatcherLoop().tick()
     assert statuses(task, waiting) == [S.PENDING, S.PENDING]
     assert get_buffer().size(queue.id) == 0
+
+
+def test_tick__drains_a_paused_queues_push_lane() -> None:
+    """Tasks with an HTTP target wait in the push lane; paused, they go back to pending,
+    so push processes do not pop them on every pass only to put them back."""
+    queue = QueueFactory()
+    http = {"url": "https://example.com/", "http_method": "POST", "headers": {}}
+    task = TaskFactory(queue=queue, http_request=http)
+    DispatcherLoop().tick()
+    assert statuses(task) == [S.CLAIMED]
+    queue.paused = True
+    queue.save()
+    DispatcherLoop().tick()
+    assert statuses(task) == [S.PENDING]
+    assert get_buffer().take(queue.id, 10, None, lane=buffer_module.HTTP_LANE).ids == []
+
+
+def test_tick__leaves_a_run_tasks_task_in_a_paused_queues_run_lane() -> None:
+    """A RunTask's task waits in the run lane: the reconcile of a new queue does not take
+    it for lost and push it to the push lane too, whose drain would take it back."""
+    queue = QueueFactory(paused=True)
+    http = {"url": "https://example.com/", "http_method": "POST", "headers": {}}
+    task = TaskFactory(queue=queue, http_request=http)
+    with transaction.atomic():
+        transitions.run_now(Task.objects.select_for_update().get(pk=task.pk))
+    get_buffer().push(queue.id, [(str(task.pk), 0)], lane=buffer_module.RUN_LANE)
+    DispatcherLoop().tick()  # a full pass: the queue is new, its claimed tasks reconciled
+    assert statuses(task) == [S.CLAIMED]
+    assert get_buffer().take(queue.id, 10, None, lane=buffer_module.HTTP_LANE).ids == []
+    assert get_buffer().take(queue.id, 10, None, lane=buffer_module.RUN_LANE).ids == [str(task.pk)]
 
 
 def test_tick__full_buffer_admits_more_urgent_tasks(settings) -> None:
