@@ -442,3 +442,14 @@ def api_process(workdir: Path, env: Mapping[str, str]) -> Iterator[Service]:
         yield svc
     finally:
         svc.stop()
+
+
+class Keys:
+    """An API key per role, named `<prefix>-<role>` (in the test's database)."""
+
+    def __init__(self, prefix: str) -> None:
+        from taskforge.api.models import ApiKey
+
+        self.admin = ApiKey.issue(name=f"{prefix}-admin", role="admin")[1]
+        self.producer = ApiKey.issue(name=f"{prefix}-producer", role="producer")[1]
+        self.worker = ApiKey.issue(name=f"{prefix}-worker", role="worker")[1]

@@ -26,7 +26,6 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from taskforge.api.models import ApiKey
 from taskforge_client import (
     Conflict,
     ConnectionFailed,
@@ -44,7 +43,7 @@ from taskforge_client import (
 )
 from taskforge_client.cli import main as cli_main
 from tests import sdk_handlers
-from tests.service import ROOT, Service, database_url
+from tests.service import ROOT, Keys, Service, database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -69,16 +68,9 @@ def service(tmp_path_factory: pytest.TempPathFactory, django_db_setup: None) -> 
         svc.stop()
 
 
-class Keys:
-    def __init__(self) -> None:
-        self.admin = ApiKey.issue(name="sdk-admin", role="admin")[1]
-        self.producer = ApiKey.issue(name="sdk-producer", role="producer")[1]
-        self.worker = ApiKey.issue(name="sdk-worker", role="worker")[1]
-
-
 @pytest.fixture
 def keys(service: Service) -> Keys:
-    return Keys()
+    return Keys("sdk")
 
 
 @pytest.fixture

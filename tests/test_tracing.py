@@ -28,11 +28,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from taskforge.api.models import ApiKey
 from taskforge_client import Task, TaskForge, TaskSpec, Worker
 from tests.otlp import Receiver, Span, names, tree
 from tests.pushtarget import Answer, Request, Target
-from tests.service import Api, Service, database_url
+from tests.service import Api, Keys, Service, database_url
 
 pytestmark = [
     pytest.mark.postgres,
@@ -103,16 +102,9 @@ def service(
         svc.stop()
 
 
-class Keys:
-    def __init__(self) -> None:
-        self.admin = ApiKey.issue(name="tracing-admin", role="admin")[1]
-        self.producer = ApiKey.issue(name="tracing-producer", role="producer")[1]
-        self.worker = ApiKey.issue(name="tracing-worker", role="worker")[1]
-
-
 @pytest.fixture
 def keys(service: Service) -> Keys:
-    return Keys()
+    return Keys("tracing")
 
 
 def _ids(span: trace.Span) -> tuple[str, str]:
